@@ -1,0 +1,23 @@
+"""Run a sweep: ``python -m experiments.run experiment=lazy_prenorm_blog [overrides]`` (``-m`` for multirun).
+
+Examples::
+
+    python -m experiments.run                                   # experiment=smoke (CPU default)
+    python -m experiments.run experiment=lazy_prenorm_blog dsl=[triton,tlx] shape=llama3_8b
+    python -m experiments.run -m experiment=lazy_prenorm_blog dsl=triton,helion,tlx
+    python -m experiments.run experiment=lazy_prenorm_blog run_id=20261129_h200   # resume that run
+"""
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from normfuse.sweep import run
+
+    run(OmegaConf.to_container(cfg, resolve=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Read the GPU as it is (never set clocks, power limits or modes) and compare it with the configured hardware.
+
+Reads through NVML (``nvidia-ml-py``), falling back to ``nvidia-smi``; on a machine without a GPU returns
+``{"available": False}``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import warnings
+
+
+def read_gpu(index: int = 0) -> dict:
+    """Name, SM count (via torch if CUDA is up), driver, power limit (W), SM/memory clocks (MHz), temperature."""
+    info: dict = {"available": False}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(h)
+        info = {
+            "available": True,
+            "gpu_name": name.decode() if isinstance(name, bytes) else name,
+            "driver": _s(pynvml.nvmlSystemGetDriverVersion()),
+            "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
+            "power_draw_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+            "memory_total_gib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30,
+        }
+    except Exception:  # no NVML / no GPU: try nvidia-smi
+        info = _read_nvidia_smi(index)
+    if info.get("available"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                p = torch.cuda.get_device_properties(index)
+                info["sm_count"] = p.multi_processor_count
+                info["compute_capability"] = f"{p.major}.{p.minor}"
+                info["l2_cache_mb"] = getattr(p, "L2_cache_size", 0) / 2**20
+        except Exception:
+            pass
+    return info
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _read_nvidia_smi(index: int) -> dict:
+    if not shutil.which("nvidia-smi"):
+        return {"available": False}
+    q = "name,driver_version,power.limit,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={index}", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+    except Exception:
+        return {"available": False}
+    f = [x.strip() for x in out.split(",")]
+    return {"available": True, "gpu_name": f[0], "driver": f[1], "power_limit_w": _num(f[2]),
+            "sm_clock_mhz": _num(f[3]), "mem_clock_mhz": _num(f[4]), "max_sm_clock_mhz": _num(f[5]),
+            "temperature_c": _num(f[6])}
+
+
+def _num(x):
+    try:
+        return float(x)
+    except ValueError:
+        return None
+
+
+def sm_clock_mhz(index: int = 0):
+    """Current SM clock in MHz, or None where it cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetClockInfo(pynvml.nvmlDeviceGetHandleByIndex(index), pynvml.NVML_CLOCK_SM)
+    except Exception:
+        return None
+
+
+def compare(configured: dict, read: dict, *, strict: bool = False) -> list[str]:
+    """Compare the configured hardware (``configs/hardware/*.yaml``) with what was read.
+
+    Returns the list of mismatch messages (also issued as warnings). With ``strict=True`` a mismatch raises
+    RuntimeError. Checked: GPU name (``gpu_name_contains``), SM count, power limit (±5 W).
+    """
+    problems: list[str] = []
+    if not read.get("available"):
+        problems.append(f"configured hardware {configured.get('name')!r} but no GPU was found (CPU mode)")
+    else:
+        want = configured.get("gpu_name_contains")
+        if want and want.lower() not in str(read.get("gpu_name", "")).lower():
+            problems.append(f"configured {configured.get('name')!r} expects a GPU named like {want!r}, "
+                            f"found {read.get('gpu_name')!r}")
+        if configured.get("sm_count") and read.get("sm_count") and int(configured["sm_count"]) != int(read["sm_count"]):
+            problems.append(f"SM count: configured {configured['sm_count']}, read {read['sm_count']}")
+        pl = configured.get("power_limit_w")
+        if pl and read.get("power_limit_w") and abs(float(pl) - float(read["power_limit_w"])) > 5:
+            problems.append(f"power limit: configured {pl} W, read {read['power_limit_w']:.0f} W (not changed)")
+    for p in problems:
+        warnings.warn(f"hardware mismatch: {p}", stacklevel=2)
+    if problems and strict and read.get("available"):
+        raise RuntimeError("hardware mismatch (hardware.strict=true): " + "; ".join(problems))
+    return problems

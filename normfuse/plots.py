@@ -1,0 +1,103 @@
+"""Figures of a run, written as PNG and PDF into ``<run>/plots/``.
+
+* ``hidden_heatmap``: per DSL, % of norm latency hidden (best correct config per cell) over (K, N), like the
+  blog's chart, with the blog's B200 values as the last panel;
+* ``hidden_bars``: the DSLs side by side per (K, N), the blog's B200 value marked;
+* ``check_heatmap`` (CPU mode): the correctness check per DSL (error / tolerance); no timings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+DSL_ORDER = ["triton", "helion", "tlx"]
+PALETTE = {"triton": "#4C72B0", "helion": "#DD8452", "tlx": "#55A868"}
+
+
+def _save(fig, out_dir: Path, name: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    for p in paths:
+        fig.savefig(p, bbox_inches="tight", dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def _grid(values: dict, Ks, Ns) -> pd.DataFrame:
+    return pd.DataFrame([[values.get((k, n), np.nan) for n in Ns] for k in Ks], index=Ks, columns=Ns)
+
+
+def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "") -> list[Path]:
+    """Heatmaps of 100·hidden_dsl per DSL over (K rows, N columns); ``blog`` maps (K, N) -> % (B200)."""
+    dsls = [d for d in DSL_ORDER if d in set(best["dsl"])]
+    Ks = sorted(set(best["K"]) | {k for k, _ in (blog or {})})
+    Ns = sorted(set(best["N"]) | {n for _, n in (blog or {})})
+    panels = [(d, _grid({(r.K, r.N): 100 * r.hidden_dsl for r in best[best.dsl == d].itertuples()}, Ks, Ns))
+              for d in dsls]
+    if blog:
+        panels.append(("blog, B200 @ 750 W (TLX)", _grid(blog, Ks, Ns)))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+    for ax, (name, grid) in zip(axes[0], panels):
+        sns.heatmap(grid, ax=ax, annot=True, fmt=".1f", cmap="RdYlGn", vmin=-50, vmax=100, cbar=False,
+                    linewidths=0.5, annot_kws={"size": 9})
+        ax.set_title(name)
+        ax.set_xlabel("N")
+        ax.set_ylabel("K")
+    fig.suptitle(f"{title}: % of norm latency hidden" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    return _save(fig, out_dir, "hidden_heatmap")
+
+
+def hidden_bars(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "") -> list[Path]:
+    """Grouped bars: one group per (K, N), one bar per DSL (100·hidden_dsl), the blog's B200 value as a marker."""
+    d = best.copy()
+    d["cell"] = [f"K={r.K}\nN={r.N}" for r in d.itertuples()]
+    d["hidden %"] = 100 * d["hidden_dsl"]
+    order = [f"K={k}\nN={n}" for k, n in sorted({(r.K, r.N) for r in d.itertuples()})]
+    dsls = [x for x in DSL_ORDER if x in set(d["dsl"])]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(order)), 3.8))
+    sns.barplot(data=d, x="cell", y="hidden %", hue="dsl", order=order, hue_order=dsls, palette=PALETTE, ax=ax)
+    if blog:
+        xs = [i for i, c in enumerate(order) if _cell_key(c) in blog]
+        ax.scatter(xs, [blog[_cell_key(order[i])] for i in xs], marker="_", s=900, color="black", zorder=5,
+                   label="blog B200")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("")
+    ax.legend(fontsize=8, ncol=4)
+    ax.set_title(f"{title}: % of norm latency hidden" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    return _save(fig, out_dir, "hidden_bars")
+
+
+def _cell_key(cell: str) -> tuple[int, int]:
+    k, n = cell.split("\n")
+    return int(k.split("=")[1]), int(n.split("=")[1])
+
+
+def check_heatmap(df: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
+    """CPU mode: per DSL and shape, the kernel error over its tolerance (< 1 passes) or the status."""
+    d = df[df["dsl"].isin(DSL_ORDER)].copy()
+    d["shape"] = [f"{r.M}x{r.N}x{r.K}" for r in d.itertuples()]
+    d["what"] = d["impl"] + " / " + d["config_name"].astype(str)
+    dsls = [x for x in DSL_ORDER if x in set(d["dsl"])]
+    fig, axes = plt.subplots(1, len(dsls), figsize=(4.2 * len(dsls), 0.5 + 0.45 * d["what"].nunique() + 1),
+                             squeeze=False)
+    for ax, dsl in zip(axes[0], dsls):
+        g = d[d.dsl == dsl]
+        ratio = g.assign(r=(g["max_abs_err"].astype(float) / g["tol"].astype(float)))
+        grid = ratio.pivot_table(index="what", columns="shape", values="r", aggfunc="max")
+        labels = g.pivot_table(index="what", columns="shape", values="status", aggfunc="first").reindex_like(grid)
+        annot = np.where(grid.notna(), grid.map(lambda v: f"{v:.2f}"), labels.fillna(""))
+        sns.heatmap(grid.fillna(0), ax=ax, annot=annot, fmt="", cmap="RdYlGn_r", vmin=0, vmax=2, cbar=False,
+                    linewidths=0.5, annot_kws={"size": 8})
+        ax.set_title(f"{dsl} ({g['mode'].iloc[0]})")
+        ax.set_xlabel("M x N x K")
+        ax.set_ylabel("")
+    fig.suptitle(f"{title}: CPU mode, correctness only (max error / tolerance) — NOT timings", fontsize=10)
+    return _save(fig, out_dir, "check_heatmap")

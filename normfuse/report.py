@@ -1,0 +1,81 @@
+"""Tables and figures of a run: the summary (markdown, also printed) and the plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from normfuse import metrics, plots
+from normfuse.techniques import get_technique
+
+
+def _blog(df: pd.DataFrame) -> dict | None:
+    techs = df["technique"].dropna().unique()
+    if len(techs) != 1:
+        return None
+    return getattr(get_technique(techs[0]), "BLOG_HIDDEN_B200", None)
+
+
+def _subtitle(df: pd.DataFrame, meta: dict) -> str:
+    hw = meta.get("hardware_before") or {}
+    gpu = hw.get("gpu_name", "?")
+    pl = hw.get("power_limit_w")
+    return f"{gpu}" + (f" @ {pl:.0f} W" if pl else "") + f", M = {sorted(df['M'].unique())}, bf16, p50 of do_bench"
+
+
+def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[Path]:
+    """Write the run's figures into ``run_dir/plots`` (timing figures in GPU mode, the check map in CPU mode)."""
+    out = Path(run_dir) / "plots"
+    title = str(df["experiment"].dropna().iloc[0]) if df["experiment"].notna().any() else "run"
+    if mode != "gpu":
+        return plots.check_heatmap(df, out, title)
+    best = metrics.best_fused(df)
+    if best.empty:
+        return []
+    blog = _blog(df) if set(best["M"]) == {262144} else None
+    sub = _subtitle(df, meta)
+    return plots.hidden_heatmap(best, blog, out, title, sub) + plots.hidden_bars(best, blog, out, title, sub)
+
+
+def _fmt(v, pct=False, nd=1):
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return "–"
+    return f"{100 * v:.{nd}f}" if pct else f"{v:.{nd}f}"
+
+
+def summary(df: pd.DataFrame, mode: str) -> str:
+    """Markdown summary. GPU: per (K, N) the best hidden_dsl per DSL next to the blog's B200 value, and each DSL's
+    best GEMM as a fraction of cuBLAS. CPU: status of every point (no timings)."""
+    counts = df.groupby(["dsl", "status"]).size().unstack(fill_value=0)
+    lines = ["status counts per dsl:", "", counts.to_markdown(), ""]
+    if mode != "gpu":
+        d = df.assign(err_over_tol=df["max_abs_err"].astype(float) / df["tol"].astype(float))
+        cols = ["dsl", "impl", "config_name", "M", "N", "K", "dtype", "mode", "status", "err_over_tol"]
+        lines += ["CPU mode: correctness only, not timings.", "", d[cols].to_markdown(index=False, floatfmt=".3f")]
+        return "\n".join(lines)
+    best, gemm = metrics.best_fused(df), metrics.best_gemm(df)
+    blog = _blog(df)
+    dsls = [d for d in plots.DSL_ORDER if d in set(df["dsl"])]
+    rows = []
+    for (M, K, N), _ in df.groupby(["M", "K", "N"]):
+        r = {"M": M, "K": K, "N": N}
+        for d in dsls:
+            b = best[(best.dsl == d) & (best.M == M) & (best.K == K) & (best.N == N)]
+            g = gemm[(gemm.dsl == d) & (gemm.M == M) & (gemm.K == K) & (gemm.N == N)]
+            r[f"{d} hidden %"] = _fmt(b["hidden_dsl"].iloc[0], pct=True) if len(b) else "–"
+            r[f"{d} gemm/cuBLAS %"] = _fmt(g["frac_cublas"].iloc[0], pct=True, nd=0) if len(g) else "–"
+        bb = best[(best.M == M) & (best.K == K) & (best.N == N)]
+        r["best hidden_best %"] = _fmt(bb["hidden_best"].max(), pct=True) if len(bb) else "–"
+        if blog and M == 262144:
+            r["blog B200 %"] = _fmt(blog.get((K, N)))
+        rows.append(r)
+    lines += ["% of norm latency hidden (hidden_dsl, best correct config) and DSL GEMM as % of cuBLAS:", "",
+              pd.DataFrame(rows).to_markdown(index=False)]
+    bad = df[df["status"].isin(["incorrect", "error", "timeout", "unsupported"])]
+    if len(bad):
+        lines += ["", "points not timed:", "",
+                  bad[["dsl", "impl", "config_name", "M", "N", "K", "status", "error"]]
+                  .assign(error=lambda x: x["error"].astype(str).str.slice(0, 90)).to_markdown(index=False)]
+    return "\n".join(lines)

@@ -1,0 +1,211 @@
+"""The sweep: expand a composed config into points, resume, measure each point in its worker, write results.
+
+One sweep point, end to end::
+
+    python -m experiments.run experiment=lazy_prenorm_blog      (Hydra composes configs/)
+      -> expand_points(): shapes x (baselines + dsl x tiling x impl), in a stable order
+      -> skip points already in <run>/results.jsonl (resume)
+      -> Pool.request(env, mode, point): the worker checks against the fp32 reference, then times
+      -> ResultsStore.append(row) as each point finishes
+      -> finalize(): metrics, results.parquet/.csv, meta.json, plots/, summary table
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from normfuse import hardware, registry, shapes
+from normfuse.pool import REPO_ROOT, Pool, WorkerDied
+from normfuse.results import ResultsStore, point_key, write_tables
+from normfuse.techniques import get_technique
+
+
+# ----------------------------------------------------------------------------------------------- points
+def resolve_mode(requested: str) -> str:
+    """'auto' -> 'gpu' when a CUDA device is visible, else 'cpu'. ValueError for anything else unknown."""
+    if requested not in ("auto", "gpu", "cpu"):
+        raise ValueError(f"unknown mode {requested!r}; choices: auto, gpu, cpu")
+    if requested != "auto":
+        return requested
+    try:
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001
+        return "cpu"
+
+
+def expand_points(cfg: dict, run_mode: str) -> list[dict]:
+    """All points of a run as request dicts (without run-specific fields), baselines first for each shape."""
+    tech = cfg["technique"]
+    spec = get_technique(tech["name"])
+    dsls = cfg.get("dsls") or {}
+    for name in dsls:
+        registry.check_dsl(name)
+    if not dsls:
+        raise ValueError("no dsl selected (e.g. dsl=[triton,helion,tlx])")
+    tilings = cfg.get("tiling") or {}
+    points = []
+    for shp in shapes.expand(cfg["shape"]):
+        spec.check_shape(shp["M"], shp["N"], shp["K"])
+        common = {"technique": tech["name"], "variant": tech.get("variant", "rmsnorm"), "eps": float(tech["eps"]),
+                  **shp}
+        base_mode = "gpu" if run_mode == "gpu" else "cpu"
+        base_dtype = cfg["dtype"] if run_mode == "gpu" else cfg["cpu_dtype"]
+        for impl in cfg.get("baselines") or []:
+            if impl not in registry.BASELINE_IMPLS[tech["name"]]:
+                raise ValueError(f"unknown baseline {impl!r}; choices: {registry.BASELINE_IMPLS[tech['name']]}")
+            points.append({**common, "dsl": registry.BASELINE_DSL, "impl": impl, "env": cfg["baseline_env"],
+                           "mode": base_mode, "dtype": base_dtype, "config_name": "-", "config": {}})
+        for dsl_name, d in dsls.items():
+            mode = "gpu" if run_mode == "gpu" else d["cpu_mode"]
+            dtype = cfg["dtype"] if mode in ("gpu", "compile_only") else cfg["cpu_dtype"]
+            configs = tilings.get(dsl_name)
+            if not configs:
+                raise ValueError(f"tiling list has no configs for dsl {dsl_name!r} (keys: {list(tilings)})")
+            for c in configs:
+                c = dict(c)
+                cname = c.pop("name", None) or json.dumps(c, sort_keys=True)
+                for impl in tech["impls"]:
+                    points.append({**common, "dsl": dsl_name, "impl": impl, "env": d["env"], "mode": mode,
+                                   "dtype": dtype, "config_name": cname, "config": c})
+    return points
+
+
+def _seed(nonce: str, key: tuple) -> int:
+    return int(hashlib.sha256((nonce + repr(key)).encode()).hexdigest()[:8], 16)
+
+
+def git_info() -> dict:
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception:  # noqa: BLE001
+            return ""
+
+    return {"git_sha": git("rev-parse", "--short=12", "HEAD") or "unknown",
+            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+# ----------------------------------------------------------------------------------------------- run
+def default_run_id(gpu: dict) -> str:
+    tag = "cpu"
+    if gpu.get("available"):
+        tag = str(gpu.get("gpu_name", "gpu")).replace("NVIDIA", "").strip().split()[0].lower()
+    return f"{dt.date.today():%Y%m%d}_{tag}"
+
+
+def run(cfg: dict) -> Path:
+    """Run (or resume) the sweep described by the composed config ``cfg``; return the run folder."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    run_mode = resolve_mode(cfg.get("mode", "auto"))
+    gpu_before = hardware.read_gpu()
+    mismatches = hardware.compare(cfg["hardware"], gpu_before, strict=bool(cfg["hardware"].get("strict", False)))
+    run_id = cfg.get("run_id") or default_run_id(gpu_before)
+    run_dir = Path(cfg.get("results_dir") or REPO_ROOT / "results") / cfg["experiment_name"] / run_id
+    store = ResultsStore(run_dir)
+    meta_path = run_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    envs = {k: dict(v) for k, v in cfg["env"]["envs"].items()}
+    for e in envs.values():  # relative python paths are relative to the repository root
+        p = str(e["python"])
+        if os.sep in p and not os.path.isabs(p):
+            e["python"] = str(REPO_ROOT / p)
+    pool = Pool(envs, run_dir / "logs")
+    nonce = f"{time.time_ns()}"
+    git = git_info()
+    points = expand_points(cfg, run_mode)
+    retry = tuple(cfg.get("retry_statuses") or ())
+    done = store.done_keys(retry_statuses=retry) if cfg.get("resume", True) else set()
+    todo = [p for p in points if point_key(p) not in done]
+    console.print(f"[bold]{cfg['experiment_name']}[/] run {run_id} ({run_mode} mode): {len(points)} points, "
+                  f"{len(points) - len(todo)} already done, {len(todo)} to run -> {run_dir}")
+    versions = dict(meta.get("versions", {}))
+    inject = dict(cfg.get("debug", {}).get("inject") or {})
+    calibration = meta.get("calibration")
+    try:
+        if run_mode == "gpu" and cfg.get("calibrate", True) and not calibration and todo:
+            try:
+                calibration = pool.request(cfg["baseline_env"], "gpu", {"op": "calibrate"}, 600)
+            except WorkerDied as e:
+                calibration = {"status": e.status, "error": str(e)}
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("ETA"), TimeRemainingColumn(), console=console, disable=not todo) as prog:
+            task = prog.add_task("sweep", total=len(todo))
+            for p in todo:
+                wkey = f"{p['env']}-{p['mode']}"
+                label = f"{p['dsl']}/{p['impl']}/{p['config_name']} {p['M']}x{p['N']}x{p['K']}"
+                prog.update(task, description=label[:60])
+                if wkey not in versions:
+                    try:
+                        versions[wkey] = pool.request(p["env"], p["mode"], {"op": "hello"}, 300).get("versions")
+                    except WorkerDied as e:
+                        versions[wkey] = {"error": str(e)[:500]}
+                row = _measure(pool, p, cfg, nonce, inject)
+                row.update({"run_id": run_id, "experiment": cfg["experiment_name"], "hardware": cfg["hardware"]["name"],
+                            "gpu_name": gpu_before.get("gpu_name", "none (cpu)"),
+                            "power_limit_w": gpu_before.get("power_limit_w"), **git,
+                            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+                store.append(row)
+                prog.advance(task)
+    finally:
+        pool.close()
+    gpu_after = hardware.read_gpu()
+    meta.update({"run_id": run_id, "experiment": cfg["experiment_name"], "mode": run_mode,
+                 "created": meta.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                 "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                 "hardware_config": cfg["hardware"], "hardware_before": gpu_before, "hardware_after": gpu_after,
+                 "hardware_mismatches": sorted(set(meta.get("hardware_mismatches", [])) | set(mismatches)),
+                 "versions": versions, "calibration": calibration, **git, "config": cfg,
+                 "timing_note": "p50 of triton.testing.do_bench (L2 flushed before every call)" if run_mode == "gpu"
+                 else "CPU mode: correctness only, no timings"})
+    meta_path.write_text(json.dumps(meta, indent=2, default=str))
+    finalize(run_dir, console=console)
+    return run_dir
+
+
+def _measure(pool: Pool, p: dict, cfg: dict, nonce: str, inject: dict) -> dict:
+    key = point_key(p)
+    req = {"op": "measure", **p, "seed": _seed(nonce, key), "warmup_ms": cfg["timing"]["warmup_ms"],
+           "rep_ms": cfg["timing"]["rep_ms"], "timing": cfg["timing"]["method"]}
+    for pattern, what in inject.items():  # test hook: simulate a crash or hang at matching points
+        if pattern in f"{p['dsl']}/{p['impl']}/{p['config_name']}/{p['M']}x{p['N']}x{p['K']}":
+            req["inject"] = what
+    row = {k: v for k, v in p.items()}
+    row["seed"] = req["seed"]
+    try:
+        reply = pool.request(p["env"], p["mode"], req, float(cfg["point_timeout_s"]))
+    except WorkerDied as e:
+        reply = {"status": e.status, "error": str(e)[-2000:]}
+    reply.pop("traceback", None)
+    row.update(reply)
+    return row
+
+
+def finalize(run_dir: Path, console=None) -> "object":
+    """Recompute metrics from results.jsonl and write tables, plots and the summary; returns the DataFrame."""
+    from normfuse import metrics, plots, report
+
+    run_dir = Path(run_dir)
+    df = ResultsStore(run_dir).dataframe()
+    if df.empty:
+        return df
+    df = metrics.add_hidden(metrics.add_rates(df))
+    write_tables(df, run_dir)
+    meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
+    mode = meta.get("mode", "gpu" if (df["mode"] == "gpu").any() else "cpu")
+    report.make_plots(df, run_dir, mode, meta)
+    text = report.summary(df, mode)
+    (run_dir / "summary.md").write_text(text + "\n")
+    if console is not None:
+        console.print(text)
+    return df

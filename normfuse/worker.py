@@ -1,0 +1,207 @@
+"""The measuring process: ``python -m normfuse.worker`` reads one JSON request per line on stdin and writes one
+JSON reply per line on stdout. One long-lived worker runs per environment (upstream triton + helion, or
+fbtriton for TLX); the orchestrator (``normfuse.pool``) never imports triton or helion itself.
+
+A ``measure`` request names one sweep point (technique, dsl, impl, shape, dtype, eps, config, mode, seed). The
+worker builds fresh seeded random inputs, runs the implementation once (compile + warm-up, timed as
+``compile_s``), poisons the caching allocator with NaN, runs it again and checks that output against the fp32
+reference (``normfuse.techniques.<technique>``). Only a correct point is timed. Modes:
+
+* ``gpu``          — check, then time with ``normfuse.timing.bench``;
+* ``interpret``    — Triton interpreter on the CPU (``TRITON_INTERPRET=1`` set by the pool), check only;
+* ``ref``          — Helion eager reference mode on the CPU (``HELION_INTERPRET=1``), check only;
+* ``compile_only`` — compile for sm_90 with a fake driver and report PTX markers (TLX's CPU check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+UNSUPPORTED_ERRORS = ("ValueError", "TypeError", "NotImplementedError", "OutOfResources")
+_COMPILE_ONLY_INSTALLED = False
+
+
+def versions() -> dict:
+    """Versions of the packages that matter in this environment (absent ones are omitted)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": sys.version.split()[0]}
+    import torch
+
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+    try:
+        import triton
+
+        out["triton"] = triton.__version__  # fbtriton reports e.g. 3.7.4+fb
+    except Exception as e:  # noqa: BLE001
+        out["triton"] = f"unavailable ({type(e).__name__})"
+    for pkg in ("helion", "fbtriton"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    if "helion" not in out:
+        try:
+            import helion  # noqa: F401  (bundle installs by --target; metadata may still be there)
+        except Exception:
+            pass
+    return out
+
+
+def _poison_allocator(shape, dtype, device) -> None:
+    """Leave a NaN-filled block of the output's size in the caching allocator so that an output element the
+    kernel never writes reads back as NaN (and fails the check) instead of as a stale correct value."""
+    import torch
+
+    if device != "cuda":
+        return
+    t = torch.empty(shape, dtype=dtype, device=device)
+    t.fill_(float("nan"))
+    del t
+
+
+def _torch_baseline(impl: str, inputs: dict, eps: float):
+    """Zero-argument callables for the PyTorch baselines: cuBLAS GEMM, and the RMSNorm compiled by Inductor for
+    this one shape (``dynamic=False`` after a dynamo reset: one function reused across shapes turns dynamic and
+    runs 1.5-2.5x slower)."""
+    import torch
+
+    a, bf = inputs["a"], inputs["b_folded"]
+    if impl == "cublas":
+        return lambda: torch.matmul(a, bf)
+    if impl == "torch_compile_norm":
+        torch._dynamo.reset()
+
+        def rmsnorm(x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+        compiled = torch.compile(rmsnorm, dynamic=False)
+        return lambda: compiled(a)
+    raise ValueError(f"unknown baseline impl {impl!r}")
+
+
+def measure(req: dict) -> dict:
+    """Check, then (in gpu mode) time one sweep point; returns the result fields of its row."""
+    import torch
+
+    from normfuse import registry
+    from normfuse.techniques import get_technique
+
+    spec = get_technique(req["technique"])
+    dsl, impl, mode = req["dsl"], req["impl"], req["mode"]
+    M, N, K = int(req["M"]), int(req["N"]), int(req["K"])
+    eps, config, dtype = float(req.get("eps", 1e-6)), req.get("config") or {}, req.get("dtype", "bf16")
+    inject = req.get("inject")
+    if inject == "crash":
+        os._exit(3)
+    if inject == "hang":
+        time.sleep(10**6)
+
+    if mode == "compile_only":
+        global _COMPILE_ONLY_INSTALLED
+        from normfuse import compile_only
+
+        if not _COMPILE_ONLY_INSTALLED:
+            compile_only.install(90)
+            _COMPILE_ONLY_INSTALLED = True
+        mod = registry.kernel_module(dsl, req["technique"])
+        dt = spec.torch_dtype(dtype)
+        a, b = torch.empty(M, K, dtype=dt), torch.empty(K, N, dtype=dt)
+        t0 = time.perf_counter()
+        summary = mod.compile_sm90(registry.KERNEL_IMPLS[req["technique"]][impl], a, b, eps=eps, config=config)
+        return {"status": "compile_only", "compile_s": time.perf_counter() - t0, "details": summary}
+
+    device = "cuda" if mode == "gpu" else "cpu"
+    if mode == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("mode=gpu but torch.cuda.is_available() is False")
+    inputs = spec.make_inputs(M, N, K, dtype=dtype, device=device, seed=int(req.get("seed", 0)))
+    if dsl == registry.BASELINE_DSL:
+        fn = _torch_baseline(impl, inputs, eps)
+    else:
+        kernel = registry.kernel_function(dsl, req["technique"], impl)
+        if impl == "gemm":
+            fn = lambda: kernel(inputs["a"], inputs["b_folded"], config=config)  # noqa: E731
+        else:
+            fn = lambda: kernel(inputs["a"], inputs["b_folded"], eps=eps, config=config)  # noqa: E731
+
+    t0 = time.perf_counter()
+    out = fn()  # first call: compile + warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    _poison_allocator(out.shape, out.dtype, device)
+    del out
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    ref, same = spec.references(impl, inputs, eps)
+    check = spec.compare(out, ref, spec.tolerance(ref, same))
+    del ref, same, out
+    row = {"compile_s": compile_s, "max_abs_err": check["max_abs_err"], "rel_err": check["rel_err"],
+           "tol": check["tol"]}
+    if not check["ok"]:
+        return {**row, "status": "incorrect",
+                "error": f"max_abs_err {check['max_abs_err']:.3g} > tol {check['tol']:.3g} "
+                         f"(rel_err {check['rel_err']:.2e}); not timed"}
+    if mode != "gpu":
+        return {**row, "status": "ok"}
+    from normfuse import hardware, timing
+
+    t = timing.bench(fn, warmup_ms=float(req.get("warmup_ms", 25)), rep_ms=float(req.get("rep_ms", 100)),
+                     method=req.get("timing", "do_bench"))
+    return {**row, **t, "status": "ok", "sm_clock_mhz": hardware.sm_clock_mhz()}
+
+
+def handle(req: dict) -> dict:
+    op = req.get("op", "measure")
+    if op == "hello":
+        return {"status": "ok", "pid": os.getpid(), "versions": versions(),
+                "interpret": os.environ.get("TRITON_INTERPRET") == "1",
+                "helion_ref": os.environ.get("HELION_INTERPRET") == "1"}
+    if op == "calibrate":
+        from normfuse import timing
+
+        return {"status": "ok", **timing.calibrate()}
+    if op == "measure":
+        return measure(req)
+    raise ValueError(f"unknown op {op!r}; choices: hello, calibrate, measure, exit")
+
+
+def main() -> None:
+    # Keep the protocol channel clean: everything that libraries print goes to stderr.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        req = json.loads(line)
+        if req.get("op") == "exit":
+            break
+        try:
+            reply = handle(req)
+        except Exception as e:  # noqa: BLE001  (reported per point; the sweep goes on)
+            name = type(e).__name__
+            reply = {"status": "unsupported" if name in UNSUPPORTED_ERRORS else "error",
+                     "error": f"{name}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
+        finally:
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            except Exception:
+                pass
+        proto.write(json.dumps(reply, default=str) + "\n")
+        proto.flush()
+
+
+if __name__ == "__main__":
+    main()
