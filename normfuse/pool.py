@@ -24,6 +24,7 @@ MODE_ENV = {
     "ref": {"HELION_INTERPRET": "1"},
     "compile_only": {},
     "gpu": {},
+    "cpu": {},  # PyTorch baselines on the CPU
 }
 
 

@@ -72,7 +72,9 @@ def expand_points(cfg: dict, run_mode: str) -> list[dict]:
             for c in configs:
                 c = dict(c)
                 cname = c.pop("name", None) or json.dumps(c, sort_keys=True)
-                for impl in tech["impls"]:
+                impls = c.pop("impls", None) or tech["impls"]  # e.g. [fused]: the GEMM of these tiles is listed once
+                c.pop("known_incorrect", None)  # a config kept to record a miscompile (see gpu_checks)
+                for impl in impls:
                     points.append({**common, "dsl": dsl_name, "impl": impl, "env": d["env"], "mode": mode,
                                    "dtype": dtype, "config_name": cname, "config": c})
     return points
@@ -130,7 +132,12 @@ def run(cfg: dict) -> Path:
     console.print(f"[bold]{cfg['experiment_name']}[/] run {run_id} ({run_mode} mode): {len(points)} points, "
                   f"{len(points) - len(todo)} already done, {len(todo)} to run -> {run_dir}")
     versions = dict(meta.get("versions", {}))
-    inject = dict(cfg.get("debug", {}).get("inject") or {})
+    inject = {}
+    for spec in cfg.get("debug", {}).get("inject") or []:  # "crash@<pattern>" | "hang@<pattern>"
+        what, _, pattern = str(spec).partition("@")
+        if what not in ("crash", "hang") or not pattern:
+            raise ValueError(f"debug.inject entries look like 'crash@<pattern>' or 'hang@<pattern>', got {spec!r}")
+        inject[pattern] = what
     calibration = meta.get("calibration")
     try:
         if run_mode == "gpu" and cfg.get("calibrate", True) and not calibration and todo:

@@ -149,7 +149,7 @@ def measure(req: dict) -> dict:
         return {**row, "status": "incorrect",
                 "error": f"max_abs_err {check['max_abs_err']:.3g} > tol {check['tol']:.3g} "
                          f"(rel_err {check['rel_err']:.2e}); not timed"}
-    if mode != "gpu":
+    if mode != "gpu" or req.get("check_only"):
         return {**row, "status": "ok"}
     from normfuse import hardware, timing
 

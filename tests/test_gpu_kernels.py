@@ -1,0 +1,12 @@
+"""GPU: every shipped Triton and Helion config against the fp32 reference at odd and benchmark shapes."""
+
+import pytest
+
+from normfuse.gpu_checks import check_all
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dsl", ["triton", "helion"])
+def test_shipped_configs_correct(dsl):
+    failures = check_all(dsl)
+    assert not failures, "\n".join(failures)

@@ -1,0 +1,48 @@
+"""The runner end to end on the CPU: a worker crash, a hang (timeout), resume, retry, results and plots."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+
+def _run(repo_root, env, tmp_path, *overrides, timeout=900):
+    cmd = [sys.executable, "-m", "experiments.run", "experiment=smoke", f"results_dir={tmp_path}", "run_id=t",
+           "hydra.run.dir=" + str(tmp_path / "hydra"), *overrides]
+    p = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
+
+
+@pytest.mark.slow
+def test_crash_timeout_resume(repo_root, subprocess_env, tmp_path):
+    common = ["dsl=[triton]", "baselines=[cublas]", "shape.points=[{M: 64, N: 64, K: 64},{M: 1, N: 72, K: 72}]",
+              "point_timeout_s=60"]
+    _run(repo_root, subprocess_env, tmp_path, *common,
+         "debug.inject=['crash@triton/gemm/b32-reload/64x64x64','hang@torch/cublas/-/1x72x72']")
+    run_dir = tmp_path / "smoke" / "t"
+    rows = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 6  # 2 shapes x (cublas + triton fused + triton gemm)
+    status = {(r["dsl"], r["impl"], r["M"]): r["status"] for r in rows}
+    assert status[("triton", "gemm", 64)] == "error"          # the crash is recorded...
+    assert status[("torch", "cublas", 1)] == "timeout"        # ...and the hang is killed
+    assert status[("triton", "fused", 64)] == "ok"            # the next point, in a restarted worker, is fine
+    assert status[("triton", "fused", 1)] == "ok" and status[("triton", "gemm", 1)] == "ok"
+    assert all(r["mode"] in ("interpret", "cpu") for r in rows)
+    assert all(r.get("p50_ms") is None for r in rows)         # CPU mode makes no timing claims
+
+    # resume: nothing to do, nothing duplicated
+    p = _run(repo_root, subprocess_env, tmp_path, *common)
+    assert "0 to run" in p.stderr
+    assert len((run_dir / "results.jsonl").read_text().splitlines()) == 6
+
+    # retry the failed points (no fault injected this time)
+    _run(repo_root, subprocess_env, tmp_path, *common, "retry_statuses=[error,timeout]")
+    df = pd.read_parquet(run_dir / "results.parquet")
+    assert len(df) == 6 and set(df["status"]) == {"ok"}
+    for f in ("results.csv", "meta.json", "summary.md", "plots/check_heatmap.png", "plots/check_heatmap.pdf"):
+        assert (run_dir / f).exists(), f
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["mode"] == "cpu" and meta["hardware_mismatches"] and "upstream-interpret" in meta["versions"]
