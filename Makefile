@@ -15,10 +15,12 @@ EXPERIMENT ?= $(if $(HAS_GPU),lazy_prenorm_blog,smoke)
 
 ifdef GPUBUNDLE_SITE
   PY := python3
+  TLX_PY := PYTHONPATH=$$GPUBUNDLE_FBTRITON:$$GPUBUNDLE_SITE python3
   ENV_ARG := env=gpubundle
   VENVS :=
 else
   PY := .venv/bin/python
+  TLX_PY := .venv-tlx/bin/python
   ENV_ARG :=
   VENVS := .venv/.done .venv-tlx/.done
 endif
@@ -29,11 +31,12 @@ run: $(VENVS)
 
 test: $(VENVS)
 	$(PY) -m pytest -q tests --ignore=tests/tlx -m "not gpu" $(PYTEST_ARGS)
-	$(if $(GPUBUNDLE_SITE),PYTHONPATH=$$GPUBUNDLE_FBTRITON:$$GPUBUNDLE_SITE python3,.venv-tlx/bin/python) -m pytest -q tests/tlx -m "not gpu" $(PYTEST_ARGS)
+	$(TLX_PY) -m pytest -q tests/tlx -m "not gpu" $(PYTEST_ARGS)
 
 # GPU correctness of every shipped config (device only; see README)
 test-gpu:
-	$(PY) -m pytest -q -m gpu tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m gpu tests --ignore=tests/tlx $(PYTEST_ARGS)
+	$(TLX_PY) -m pytest -q -m gpu tests/tlx $(PYTEST_ARGS)
 
 venvs: $(VENVS)
 

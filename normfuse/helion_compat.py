@@ -48,9 +48,13 @@ def _register_cpu_mm_dtype() -> None:
     global _LIB
     if _LIB is not None or _cpu_has_mm_out_dtype():
         return
-    _LIB = torch.library.Library("aten", "IMPL")
-    _LIB.impl("mm.dtype", _mm_out_dtype_cpu, "CPU")
-    _LIB.impl("bmm.dtype", _bmm_out_dtype_cpu, "CPU")
+    try:
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl("mm.dtype", _mm_out_dtype_cpu, "CPU")
+        lib.impl("bmm.dtype", _bmm_out_dtype_cpu, "CPU")
+    except (RuntimeError, ValueError):  # this torch has no such overloads: Helion will not emit them either
+        return
+    _LIB = lib
     _STATE["mm_dtype_registered"] = True
 
 

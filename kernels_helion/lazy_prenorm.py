@@ -1,0 +1,599 @@
+r"""Helion kernels for the Lazy Pre-Norm technique (RMSNorm -> GEMM) and the plain GEMM it is compared against.
+
+``lazy_rmsnorm_matmul(a, b_folded)`` computes ``C = rsqrt(mean(a^2, -1) + eps)[:, None] * (a @ b_folded)``:
+gamma has been folded into ``b_folded`` beforehand (``normfuse.techniques.lazy_prenorm.fold_gamma``); the kernel
+accumulates the fp32 per-row sum of squares of ``a`` in the same K loop that feeds the MMA, and scales the fp32
+accumulator by ``rstd`` in the epilogue. ``matmul(a, b)`` is the same kernel without the statistic, the GEMM
+baseline. Math and tolerance: ``normfuse/techniques/lazy_prenorm.py``.
+
+Sources: "Towards Free Normalization: Fusing Normalization into GEMM and Attention Kernels", PyTorch blog,
+https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+the kernel structure follows Helion's examples (``matmul.py``, ``matmul_layernorm.py``),
+https://github.com/pytorch/helion/tree/main/examples . The code here is our own.
+
+**The sum-of-squares formulation** (``TilingConfig.sumsq``). Triton's software pipeliner miscompiles a loop in
+which *one* loaded tile feeds both ``tl.dot`` and a row reduction once ``num_stages >= 2..3`` (DSL primer,
+blocker 1; triton-lang/triton#6691). Three formulations are offered so the GPU run can time them and record which
+ones stay correct when pipelined:
+
+* ``"shared_tile"`` -- the naive form: ``x = a[tile_m, tile_k]`` feeds both ``torch.addmm`` and ``sum(x*x)``.
+  Known correct only with ``num_stages=1``. The sm_90 TTGIR (triton 3.6, compile-only) shows the likely cause:
+  the A tile's TMA ring gets ``num_stages - 1`` shared-memory slots while B's gets ``num_stages`` (the plain
+  GEMM gives both ``num_stages``); the wgmma is async with one group left in flight
+  (``warp_group_dot_wait {pendings = 1}``) and the TMA for iteration ``i + num_stages - 1`` is issued into the
+  slot that the still-running wgmma of iteration ``i`` reads: a write-after-read race on A. (Inference from
+  the IR; the GPU run decides.)
+* ``"reload"`` -- the A tile is loaded a second time for the statistic (``a[tile_m, tile_k]`` written twice in
+  the loop body), and the two loads are kept *different ops* so that Triton's CSE cannot merge them back into one
+  (it does merge identical ones: the TTGIR then equals ``"shared_tile"``). Two handles do that: the statistic's
+  load has its own ``indexing`` entry (``sumsq_indexing``, default ``"pointer"``, so with TMA operands the dot
+  reads a descriptor load and the statistic a ``tl.load``), and its own cache-eviction hint
+  (``sumsq_eviction``, default ``"first"`` for reload), which also keeps two *pointer* loads apart -- needed
+  because Helion silently falls back from ``tensor_descriptor`` to ``pointer`` when a TMA box would exceed the
+  tensor (e.g. M < BLOCK_M). Descriptor loads drop the hint, so both loads as ``tensor_descriptor`` is rejected.
+  With TMA operands the TTGIR keeps A's ring at ``num_stages`` slots, exactly as in the plain GEMM, and the
+  statistic comes from a plain, unpipelined register load (``tt.load``; an L2 hit, since TMA fetched the same
+  bytes a few iterations earlier) whose latency overlaps the in-flight wgmma. Costs that second read of A.
+* ``"prepass"`` -- a separate device loop over K before the MMA loop accumulates the statistic; the MMA loop is
+  then a plain GEMM loop (same TTGIR ring as the GEMM). No loop contains both a dot and a reduction, so the
+  pipeliner bug has nothing to hit. Costs a second, unpipelined pass over the A row block per output tile
+  (``sumsq_block_k`` sets its K step; ``sumsq_eviction`` defaults to ``"last"`` here, so the MMA loop's TMA
+  loads find A in L2).
+
+Dots run with ``dot_precision="ieee"``: no effect on bf16/fp16 (wgmma either way), but fp32 inputs get a true
+fp32 FMA dot instead of TF32 (slow; fp32 is for correctness checks against the fp32 reference, not benchmarks).
+
+**Execution modes.**
+
+* GPU: kernels are ``@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")``
+  without a pinned config; a call binds the arguments, compiles ``TilingConfig.to_helion(op)`` with ``BoundKernel.compile_config`` and
+  caches the compiled callable per (op, formulation, shape, dtype, device, config), so a repeated (timed) call
+  costs one dict lookup plus Helion's host wrapper (allocation of ``c`` and the launch).
+* CPU ref mode (``HELION_INTERPRET=1`` in the environment *before* ``import helion``): the kernel body runs as
+  eager PyTorch on whole tensors; ``config`` is validated but otherwise **ignored** (no tiling, no Triton).
+  ``normfuse.helion_compat`` supplies the CPU ``aten::mm.dtype`` that this needs.
+* compile-only (``compile_sm90``): under ``normfuse.compile_only.install(90)``, CPU tensors are bound, the
+  Triton code is generated and compiled for sm_90 with a launcher that never launches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import normfuse.helion_compat  # noqa: F401  (must precede `import helion`)
+import helion
+import helion.language as hl
+import torch
+from helion.runtime.ref_mode import is_ref_mode_enabled
+
+from normfuse.techniques.lazy_prenorm import check_inputs
+
+__all__ = [
+    "TilingConfig",
+    "DEFAULT_CONFIG",
+    "OPS",
+    "SUMSQ_VARIANTS",
+    "matmul",
+    "lazy_rmsnorm_matmul",
+    "compile_sm90",
+    "compile_sm90_kernel",
+    "triton_code",
+    "ref_mode",
+]
+
+OPS = ("matmul", "lazy_rmsnorm_matmul")
+SUMSQ_VARIANTS = ("shared_tile", "reload", "prepass")
+INDEXING = ("pointer", "tensor_descriptor", "block_ptr")
+EVICTION = ("auto", "", "first", "last")
+PID_TYPES = ("flat", "xyz", "persistent_blocked", "persistent_interleaved")
+H200_NUM_SMS = 132
+
+# Memory ops of each kernel in Helion's program order: a per-op `indexing` tuple lists one strategy per entry.
+MEMORY_OPS = {
+    ("matmul", None): ("a", "b", "out"),
+    ("lazy_rmsnorm_matmul", "shared_tile"): ("a", "b", "out"),
+    ("lazy_rmsnorm_matmul", "reload"): ("a", "b", "a_sumsq", "out"),
+    ("lazy_rmsnorm_matmul", "prepass"): ("a_sumsq", "a", "b", "out"),
+}
+# Device loops (`tl.range`s) of each kernel: range_* tuples hold one entry per loop.
+DEVICE_LOOPS = {
+    ("matmul", None): ("k",),
+    ("lazy_rmsnorm_matmul", "shared_tile"): ("k",),
+    ("lazy_rmsnorm_matmul", "reload"): ("k",),
+    ("lazy_rmsnorm_matmul", "prepass"): ("k_sumsq", "k"),
+}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# kernels
+# ------------------------------------------------------------------------------------------------------------
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _matmul_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    m, k = a.size()
+    _, n = b.size()
+    out = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        out[tile_m, tile_n] = acc.to(out.dtype)
+    return out
+
+
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _lazy_shared_tile_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    m, k = a.size()
+    _, n = b.size()
+    out = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        ss = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            x = a[tile_m, tile_k]  # one load feeds both the statistic and the MMA
+            xf = x.to(torch.float32)
+            ss = ss + torch.sum(xf * xf, dim=-1)
+            acc = torch.addmm(acc, x, b[tile_k, tile_n])
+        rstd = torch.rsqrt(ss / k + eps)
+        out[tile_m, tile_n] = (acc * rstd[:, None]).to(out.dtype)
+    return out
+
+
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _lazy_reload_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    m, k = a.size()
+    _, n = b.size()
+    out = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        ss = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])  # memory ops 0 (a), 1 (b)
+            xs = a[tile_m, tile_k].to(torch.float32)  # memory op 2: a second, independent load of the A tile
+            ss = ss + torch.sum(xs * xs, dim=-1)
+        rstd = torch.rsqrt(ss / k + eps)
+        out[tile_m, tile_n] = (acc * rstd[:, None]).to(out.dtype)
+    return out
+
+
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _lazy_prepass_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    m, k = a.size()
+    _, n = b.size()
+    out = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        ss = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_ks in hl.tile(k):
+            xs = a[tile_m, tile_ks].to(torch.float32)  # loop 0: statistic only, no dot in this loop
+            ss = ss + torch.sum(xs * xs, dim=-1)
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):  # loop 1: plain GEMM loop
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        rstd = torch.rsqrt(ss / k + eps)
+        out[tile_m, tile_n] = (acc * rstd[:, None]).to(out.dtype)
+    return out
+
+
+_KERNELS = {
+    ("matmul", None): _matmul_kernel,
+    ("lazy_rmsnorm_matmul", "shared_tile"): _lazy_shared_tile_kernel,
+    ("lazy_rmsnorm_matmul", "reload"): _lazy_reload_kernel,
+    ("lazy_rmsnorm_matmul", "prepass"): _lazy_prepass_kernel,
+}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# configuration
+# ------------------------------------------------------------------------------------------------------------
+def _is_pow2(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and (v & (v - 1)) == 0
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_tuple(name: str, v, elem_ok, what: str):
+    """None, or a non-empty tuple/list whose entries all satisfy ``elem_ok``; returns None or a tuple."""
+    if v is None:
+        return None
+    if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)) or len(v) == 0:
+        raise ValueError(f"{name} must be None or a non-empty tuple ({what}), got {v!r}")
+    if not all(elem_ok(x) for x in v):
+        raise ValueError(f"{name} entries must be {what}, got {v!r}")
+    return tuple(v)
+
+
+@dataclass(frozen=True)
+class TilingConfig:
+    """A typed, validated subset of ``helion.Config`` for these kernels (hashable: used as a cache key).
+
+    Fields (Helion names unless noted):
+
+    * ``block_sizes`` ``(BLOCK_M, BLOCK_N, BLOCK_K)``: powers of two in [16, 512] (``tl.dot`` needs >= 16).
+    * ``num_warps`` (power of two, 1..32), ``num_stages`` (1..8): kernel-level; ``num_stages`` is the software
+      pipelining depth of the K loop(s). Helion 1.5 drops ``range_num_stages`` as soon as any load/store uses a
+      (device-side) tensor descriptor (its "misaligned address" guard), so with TMA ``num_stages`` is the knob
+      that counts.
+    * ``indexing``: ``"pointer" | "tensor_descriptor" | "block_ptr"`` for every load/store, or a tuple: 3 entries
+      mean ``(a, b, out)`` for every op (the extra sum-of-squares load of ``sumsq="reload"/"prepass"`` then uses
+      ``sumsq_indexing``); 4 entries (``"reload"``/``"prepass"`` only) follow Helion's program order of the
+      fused kernel, ``MEMORY_OPS[("lazy_rmsnorm_matmul", sumsq)]``; ``matmul`` takes the a/b/out entries.
+    * ``pid_type``: ``"flat" | "xyz" | "persistent_blocked" | "persistent_interleaved"``; ``l2_groupings``:
+      ``(G,)`` with G a power of two (grouped launch order for L2 reuse of B).
+    * ``sumsq`` (ours, ignored by ``matmul``): ``"shared_tile" | "reload" | "prepass"``, see the module docstring.
+      Default ``"reload"`` (as in the Triton folder): the formulation meant to stay correct when only
+      ``num_stages`` is raised.
+    * ``sumsq_indexing`` (ours): indexing of the separate sum-of-squares load of ``"reload"``/``"prepass"``
+      when ``indexing`` is one string or a 3-tuple; ``"auto"`` (default) means ``"pointer"``.
+    * ``sumsq_eviction`` (ours): L2 eviction hint of that load, ``"" | "first" | "last"`` (Helion's
+      ``load_eviction_policies`` entry); ``"auto"`` (default): ``"first"`` for ``"reload"`` (this CTA's last
+      touch of those bytes), ``"last"`` for ``"prepass"`` (the MMA loop re-reads them). For ``"reload"`` the two
+      A loads must differ in indexing strategy or eviction hint, and must not both be ``"tensor_descriptor"``
+      (descriptor loads ignore the hint); otherwise ValueError: Triton's CSE would merge them back into one
+      load, i.e. ``"shared_tile"`` (seen in the TTGIR: A then gets ``num_stages - 1`` smem slots).
+    * ``sumsq_block_k`` (ours, ``"prepass"`` only): K block of the statistic loop; None means ``BLOCK_K``.
+    * ``range_num_stages``, ``range_unroll_factors``, ``range_multi_buffers``, ``range_flattens``,
+      ``range_warp_specializes``: None or one entry per device loop of the fused kernel (``DEVICE_LOOPS``: 1
+      loop, 2 for ``"prepass"``: statistic loop, then MMA loop; ``matmul`` takes the MMA-loop entry); a 1-tuple
+      is applied to every loop.
+    * ``num_sm_multiplier``, ``maxnreg`` (persistent kernels), ``epilogue_subtile`` (split the epilogue store
+      into 2/4 pieces): None means Helion's default. (Helion 1.5.0's ``host_tensor_descriptors`` is rejected by
+      its Triton backend, so it is not offered.)
+
+    Raises ValueError naming the violated constraint when a value is invalid.
+    """
+
+    block_sizes: tuple = (128, 256, 64)
+    num_warps: int = 8
+    num_stages: int = 1
+    indexing: str | tuple = "tensor_descriptor"
+    pid_type: str = "flat"
+    l2_groupings: tuple = (8,)
+    sumsq: str = "reload"
+    sumsq_indexing: str = "auto"
+    sumsq_eviction: str = "auto"
+    sumsq_block_k: int | None = None
+    range_num_stages: tuple | None = None
+    range_unroll_factors: tuple | None = None
+    range_multi_buffers: tuple | None = None
+    range_flattens: tuple | None = None
+    range_warp_specializes: tuple | None = None
+    num_sm_multiplier: int | None = None
+    maxnreg: int | None = None
+    epilogue_subtile: int | None = None
+
+    def __post_init__(self):
+        def put(name, value):
+            object.__setattr__(self, name, value)
+
+        bs = self.block_sizes
+        if isinstance(bs, (str, bytes)) or not isinstance(bs, (tuple, list)) or len(bs) != 3:
+            raise ValueError(f"block_sizes must be (BLOCK_M, BLOCK_N, BLOCK_K), 3 entries, got {bs!r}")
+        if not all(_is_pow2(x) and 16 <= x <= 512 for x in bs):
+            raise ValueError(f"block_sizes entries must be powers of two in [16, 512] (tl.dot needs >= 16), got {bs!r}")
+        put("block_sizes", tuple(bs))
+        if not (_is_pow2(self.num_warps) and self.num_warps <= 32):
+            raise ValueError(f"num_warps must be a power of two in [1, 32], got {self.num_warps!r}")
+        if not (_is_int(self.num_stages) and 1 <= self.num_stages <= 8):
+            raise ValueError(f"num_stages must be an integer in [1, 8], got {self.num_stages!r}")
+        ix = self.indexing
+        if isinstance(ix, str):
+            if ix not in INDEXING:
+                raise ValueError(f"indexing must be one of {INDEXING} or a tuple of them, got {ix!r}")
+        else:
+            put("indexing", _opt_tuple("indexing", ix, lambda x: x in INDEXING, f"one of {INDEXING}"))
+            if self.indexing is None:
+                raise ValueError(f"indexing must be one of {INDEXING} or a tuple of them, got None")
+        if self.pid_type not in PID_TYPES:
+            raise ValueError(f"pid_type must be one of {PID_TYPES}, got {self.pid_type!r}")
+        lg = _opt_tuple("l2_groupings", self.l2_groupings, _is_pow2, "powers of two >= 1")
+        if lg is None or len(lg) != 1:
+            raise ValueError(f"l2_groupings must be a 1-tuple (G,) with G a power of two, got {self.l2_groupings!r}")
+        put("l2_groupings", lg)
+        if self.sumsq not in SUMSQ_VARIANTS:
+            raise ValueError(f"sumsq must be one of {SUMSQ_VARIANTS}, got {self.sumsq!r}")
+        if self.sumsq_indexing != "auto" and self.sumsq_indexing not in INDEXING:
+            raise ValueError(f"sumsq_indexing must be 'auto' or one of {INDEXING}, got {self.sumsq_indexing!r}")
+        if self.sumsq_eviction not in EVICTION:
+            raise ValueError(f"sumsq_eviction must be one of {EVICTION}, got {self.sumsq_eviction!r}")
+        if self.sumsq_block_k is not None and not (_is_pow2(self.sumsq_block_k) and 16 <= self.sumsq_block_k <= 512):
+            raise ValueError(f"sumsq_block_k must be None or a power of two in [16, 512], got {self.sumsq_block_k!r}")
+        put("range_num_stages", _opt_tuple("range_num_stages", self.range_num_stages,
+                                           lambda x: _is_int(x) and 0 <= x <= 8, "integers in [0, 8] (0 = default)"))
+        put("range_unroll_factors", _opt_tuple("range_unroll_factors", self.range_unroll_factors,
+                                               lambda x: _is_int(x) and 0 <= x <= 8, "integers in [0, 8] (0 = none)"))
+        for name in ("range_multi_buffers", "range_flattens", "range_warp_specializes"):
+            put(name, _opt_tuple(name, getattr(self, name), lambda x: x is None or isinstance(x, bool), "None/True/False"))
+        if self.num_sm_multiplier is not None and not (_is_int(self.num_sm_multiplier) and 1 <= self.num_sm_multiplier <= 128):
+            raise ValueError(f"num_sm_multiplier must be None or an integer in [1, 128], got {self.num_sm_multiplier!r}")
+        if self.maxnreg is not None and not (_is_int(self.maxnreg) and 1 <= self.maxnreg <= 256):
+            raise ValueError(f"maxnreg must be None or an integer in [1, 256], got {self.maxnreg!r}")
+        if self.epilogue_subtile is not None and not (_is_pow2(self.epilogue_subtile) and self.epilogue_subtile >= 2):
+            raise ValueError(f"epilogue_subtile must be None or a power of two >= 2, got {self.epilogue_subtile!r}")
+        for op in OPS:  # cross-field checks (tuple lengths, the reload CSE hazard) raise here, not at launch
+            self.to_helion(op)
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        """Names of the accepted keys, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, d: Mapping | TilingConfig | None) -> TilingConfig:
+        """Build a config from a mapping (e.g. parsed YAML/JSON; lists become tuples). ``None`` gives the
+        defaults, a ``TilingConfig`` is returned as is. Raises ValueError for an unknown key (listing the valid
+        keys) or an invalid value (naming the constraint), TypeError for a non-mapping."""
+        if d is None:
+            return cls()
+        if isinstance(d, TilingConfig):
+            return d
+        if not isinstance(d, Mapping):
+            raise TypeError(f"config must be a TilingConfig, a mapping or None, got {type(d).__name__}")
+        valid = cls.fields()
+        unknown = sorted(str(k) for k in d if k not in valid)
+        if unknown:
+            raise ValueError(f"unknown TilingConfig key(s) {unknown}; valid keys: {', '.join(valid)}")
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()}
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        """JSON-able dict (tuples become lists) that ``from_dict`` accepts."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+    def kernel_key(self, op: str) -> tuple:
+        """``(op, formulation)``: which kernel ``op`` runs under this config (``sumsq`` only matters for the
+        fused op)."""
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+        return (op, None) if op == "matmul" else (op, self.sumsq)
+
+    def to_helion(self, op: str = "lazy_rmsnorm_matmul") -> helion.Config:
+        """The ``helion.Config`` for the kernel that ``op`` runs under this config (default: the fused op, with
+        the ``sumsq`` formulation). Expands ``indexing``/``range_*`` to Helion's per-memory-op/per-loop lists.
+        Raises ValueError for an unknown op or a tuple of the wrong length (construction already checked both
+        ops, so a constructed config never raises here)."""
+        key = self.kernel_key(op)
+        mem_ops, loops = MEMORY_OPS[key], DEVICE_LOOPS[key]
+        bm, bn, bk = self.block_sizes
+        kw: dict = {
+            "block_sizes": [bm, bn, self.sumsq_block_k or bk, bk] if key[1] == "prepass" else [bm, bn, bk],
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            "pid_type": self.pid_type,
+            "l2_groupings": list(self.l2_groupings),
+        }
+        fused = ("lazy_rmsnorm_matmul", self.sumsq)  # tuples are read against the fused kernel's op/loop lists
+        ix = self.indexing
+        if isinstance(ix, str) or len(ix) == 3:
+            a_ix, b_ix, out_ix = (ix, ix, ix) if isinstance(ix, str) else ix
+            s_ix = "pointer" if self.sumsq_indexing == "auto" else self.sumsq_indexing
+            by_name = {"a": a_ix, "b": b_ix, "out": out_ix, "a_sumsq": s_ix}
+        elif len(ix) == len(MEMORY_OPS[fused]):
+            by_name = dict(zip(MEMORY_OPS[fused], ix))
+        else:
+            raise ValueError(f"indexing tuple has {len(ix)} entries; need 3 (a, b, out) or, for sumsq={self.sumsq!r}, "
+                             f"{len(MEMORY_OPS[fused])} in Helion's program order {MEMORY_OPS[fused]}")
+        evict = self.sumsq_eviction
+        if evict == "auto":
+            evict = "last" if self.sumsq == "prepass" else "first"
+        if key[1] == "reload":
+            a_ix, s_ix = by_name["a"], by_name["a_sumsq"]
+            if (a_ix == s_ix == "tensor_descriptor") or (a_ix == s_ix and evict == ""):
+                raise ValueError(
+                    f"sumsq='reload' needs the dot's A load and the sum-of-squares load to differ (both are "
+                    f"{a_ix!r} with eviction hint {evict!r}; descriptor loads ignore the hint): Triton's CSE would "
+                    "merge them into one load, i.e. sumsq='shared_tile'. Use sumsq_indexing='pointer' and/or "
+                    "sumsq_eviction='first'/'last'")
+        if "a_sumsq" in mem_ops:
+            loads = [m for m in mem_ops if m != "out"]
+            kw["load_eviction_policies"] = [evict if m == "a_sumsq" else "" for m in loads]
+        resolved = [by_name[m] for m in mem_ops]
+        kw["indexing"] = resolved[0] if len(set(resolved)) == 1 else resolved
+        for name in ("range_num_stages", "range_unroll_factors", "range_multi_buffers", "range_flattens",
+                     "range_warp_specializes"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if len(v) == 1:
+                v = v * len(DEVICE_LOOPS[fused])
+            if len(v) != len(DEVICE_LOOPS[fused]):
+                raise ValueError(f"{name} has {len(v)} entries; sumsq={self.sumsq!r} has {len(DEVICE_LOOPS[fused])} "
+                                 f"device loop(s) {DEVICE_LOOPS[fused]} (a 1-tuple applies to all)")
+            by_loop = dict(zip(DEVICE_LOOPS[fused], v))
+            kw[name] = [by_loop[lp] for lp in loops]
+        for name in ("num_sm_multiplier", "maxnreg", "epilogue_subtile"):
+            if getattr(self, name) is not None:
+                kw[name] = getattr(self, name)
+        return helion.Config(**kw)
+
+
+DEFAULT_CONFIG = TilingConfig()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# host side
+# ------------------------------------------------------------------------------------------------------------
+_COMPILED: dict = {}  # (kernel key, M, N, K, dtype, device, TilingConfig) -> compiled Helion host function
+
+
+def ref_mode() -> bool:
+    """True when Helion runs kernels as eager PyTorch (``HELION_INTERPRET=1`` set before ``import helion``)."""
+    return is_ref_mode_enabled(_matmul_kernel.settings)
+
+
+def _as_config(config) -> TilingConfig:
+    return TilingConfig.from_dict(config)
+
+
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    return float(eps)
+
+
+def _uses_tma(hcfg: helion.Config) -> bool:
+    ix = hcfg.config.get("indexing")
+    return "tensor_descriptor" in ((ix,) if isinstance(ix, str) else tuple(ix or ()))
+
+
+def _check_tma_alignment(*tensors: torch.Tensor) -> None:
+    for name, t in zip(("a", "b"), tensors):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}.data_ptr() must be 16-byte aligned for tensor-descriptor (TMA) indexing "
+                             "(pass a fresh contiguous tensor, not an offset view)")
+
+
+def _run(op: str, a: torch.Tensor, b: torch.Tensor, eps: float | None, config) -> torch.Tensor:
+    M, N, K = check_inputs(a, b, eps)
+    cfg = _as_config(config)
+    key = cfg.kernel_key(op)
+    args = (a, b) if op == "matmul" else (a, b, eps)
+    kernel = _KERNELS[key]
+    if ref_mode():
+        return kernel(*args)  # eager PyTorch on whole tensors: the config does not apply
+    if a.device.type != "cuda":
+        raise ValueError(f"{op} needs CUDA tensors (got {a.device}); on CPU set HELION_INTERPRET=1 before "
+                         "importing helion (ref mode), or use compile_sm90 for a compile-only check")
+    ck = (key, M, N, K, a.dtype, a.device, cfg)
+    hit = _COMPILED.get(ck)
+    if hit is None:
+        hcfg = cfg.to_helion(op)
+        bound = kernel.bind(args)
+        with _live_args(bound, args):
+            hit = (bound.compile_config(hcfg), _uses_tma(hcfg))
+        _COMPILED[ck] = hit
+    fn, uses_tma = hit
+    if uses_tma:
+        _check_tma_alignment(a, b)
+    return fn(*args)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:
+    """Plain GEMM ``C[M, N] = a[M, K] @ b[K, N]`` (fp32 accumulation), returned in ``a.dtype``: the baseline.
+
+    ``a``, ``b``: 2-D row-major contiguous CUDA tensors of one dtype (bf16/fp16/fp32; fp32 dots use tf32),
+    K and N multiples of 8, M >= 1 (any M, K, N: edge tiles are masked / zero-filled by TMA).
+    ``config``: ``TilingConfig``, a mapping for ``TilingConfig.from_dict``, or None (``DEFAULT_CONFIG``); under
+    ref mode (``HELION_INTERPRET=1``) it is validated and then ignored, and CPU tensors are accepted.
+    The first call per (shape, dtype, device, config) compiles; later calls reuse the compiled function.
+
+    Raises TypeError/ValueError from ``normfuse.techniques.lazy_prenorm.check_inputs`` for bad inputs, ValueError
+    for an invalid config, for non-CUDA tensors outside ref mode, and for TMA-misaligned base pointers.
+
+    Sources: Helion examples (matmul), https://github.com/pytorch/helion/tree/main/examples ; the PyTorch blog
+    "Towards Free Normalization", https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
+    """
+    return _run("matmul", a, b, None, config)
+
+
+def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float = 1e-6, config=None) -> torch.Tensor:
+    """Fused Lazy Pre-Norm GEMM: ``C = rsqrt(mean(a^2, -1) + eps)[:, None] * (a @ b_folded)``, in ``a.dtype``.
+
+    ``a [M, K]``: the un-normalized activation; ``b_folded [K, N]``: ``diag(gamma) @ b``, folded once outside
+    any timed region (``normfuse.techniques.lazy_prenorm.fold_gamma``). Both 2-D row-major contiguous, one dtype
+    (bf16/fp16/fp32), K and N multiples of 8, M >= 1. The per-row sum of squares and the accumulator are fp32;
+    ``rstd`` is applied to the fp32 accumulator before the one rounding to ``a.dtype``. ``eps`` > 0 is a runtime
+    argument (no recompile per eps).
+    ``config``: as for ``matmul``; ``config.sumsq`` picks the formulation (``"shared_tile"``, ``"reload"``,
+    ``"prepass"``). With ``"shared_tile"`` only ``num_stages=1`` is known to be correct on GPU (Triton pipeliner
+    bug, triton-lang/triton#6691): check every benchmarked config against ``reference``. Under ref mode the
+    config is validated and ignored.
+
+    Raises TypeError/ValueError from ``check_inputs`` (including ``eps <= 0``), ValueError for an invalid config,
+    for non-CUDA tensors outside ref mode and for TMA-misaligned base pointers.
+
+    Source: PyTorch blog "Towards Free Normalization: Fusing Normalization into GEMM and Attention Kernels",
+    https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+    Helion examples, https://github.com/pytorch/helion/tree/main/examples
+    """
+    return _run("lazy_rmsnorm_matmul", a, b_folded, _check_eps(eps), config)
+
+
+@contextlib.contextmanager
+def _live_args(bound, args: tuple):
+    """Generate code against *these* arguments.
+
+    ``kernel.bind`` returns the cached BoundKernel of the first call with this shape, and Helion's code generation
+    re-reads that first call's tensors through weak references (e.g. to prove the 16-byte base alignment that TMA
+    needs). Once those tensors are freed, a later ``compile_config``/``to_triton_code`` of a *new* config on a CPU
+    device silently falls back from ``tensor_descriptor`` to ``pointer`` loads (seen with helion 1.5.0; on CUDA an
+    alignment snapshot taken at bind time covers it). Publishing the current arguments avoids that.
+    """
+    env = getattr(bound, "env", None)
+    use = getattr(env, "use_runtime_arg_values", None)
+    if use is None:  # other Helion versions: nothing to do
+        yield
+        return
+    with use(dict(zip(bound.kernel.signature.parameters, args))):
+        yield
+
+
+@contextlib.contextmanager
+def _fixed_num_sms(n: int):
+    """Make ``helion.runtime.get_num_sm`` return ``n`` (it asserts for CPU devices; persistent pid_types call it)."""
+    import helion.runtime as hr
+
+    saved = hr.get_num_sm
+    hr.get_num_sm = lambda *a, **k: n
+    try:
+        yield
+    finally:
+        hr.get_num_sm = saved
+
+
+def _bound(op: str, a: torch.Tensor, b: torch.Tensor, eps: float, config):
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    check_inputs(a, b, eps if op != "matmul" else None)
+    cfg = _as_config(config)
+    key = cfg.kernel_key(op)
+    args = (a, b) if op == "matmul" else (a, b, _check_eps(eps))
+    if ref_mode():
+        raise RuntimeError("code generation is unavailable in Helion ref mode (unset HELION_INTERPRET)")
+    return _KERNELS[key].bind(args), cfg.to_helion(op), args
+
+
+def triton_code(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None) -> str:
+    """The Triton source Helion generates for ``op`` at ``config`` for the shapes/dtypes of ``a``, ``b`` (CPU
+    tensors are fine; nothing is compiled). Raises like ``compile_sm90``."""
+    bound, hcfg, args = _bound(op, a, b, eps, config)
+    with _live_args(bound, args), _fixed_num_sms(H200_NUM_SMS) if a.device.type == "cpu" else contextlib.nullcontext():
+        return bound.to_triton_code(hcfg)
+
+
+def compile_sm90_kernel(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None):
+    """Like ``compile_sm90`` but returns Triton's ``CompiledKernel`` itself (``.asm["ttgir"]``, ``.asm["ptx"]``,
+    ``.metadata``) for inspection, e.g. of how many shared-memory slots the pipeliner gave each operand."""
+    from normfuse.compile_only import WarmupLauncher
+
+    bound, hcfg, args = _bound(op, a, b, eps, config)
+    launcher = WarmupLauncher()
+    with _live_args(bound, args), _fixed_num_sms(H200_NUM_SMS) if a.device.type == "cpu" else contextlib.nullcontext():
+        bound.compile_config(hcfg)(*args, _launcher=launcher)
+    if launcher.last is None:
+        raise RuntimeError(f"{op}: Helion's host code did not launch a kernel; nothing was compiled")
+    return launcher.last
+
+
+def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None) -> dict:
+    """Compile ``op`` (``"matmul"`` or ``"lazy_rmsnorm_matmul"``) for sm_90 without launching it.
+
+    The caller must already have run ``normfuse.compile_only.install(90)``. ``a [M, K]``, ``b [K, N]``: CPU tensors
+    (``torch.empty`` is fine; only shape, dtype and alignment matter), validated by ``check_inputs``. Binds the
+    kernel, compiles ``TilingConfig.from_dict(config).to_helion(op)`` with ``BoundKernel.compile_config`` and
+    calls it with a ``normfuse.compile_only.WarmupLauncher``, which compiles the Triton kernel to PTX/cubin and
+    never launches. For CPU tensors ``helion.runtime.get_num_sm`` is pinned to 132 (H200) during the call, so
+    persistent ``pid_type`` values compile too (Helion asserts on ``get_num_sm(cpu)``).
+
+    Returns ``normfuse.compile_only.summarize(...)``: PTX marker counts (wgmma, TMA, ...), ``shared_bytes``,
+    ``num_warps``, ``smem_ok``, ``cluster_dims``. Raises ValueError for an unknown op, bad inputs or config,
+    RuntimeError in ref mode (no code generation there), and whatever Helion/Triton raise on a compile failure.
+    It checks compilation only: never a correctness signal (the pipeliner bug compiles fine).
+    """
+    from normfuse.compile_only import summarize
+
+    return summarize(compile_sm90_kernel(op, a, b, eps=eps, config=config))

@@ -1,0 +1,649 @@
+r"""Lazy Pre-Norm (RMSNorm -> GEMM) in TLX for the H200 (sm_90): a warp-specialized TMA + wgmma GEMM whose
+consumer warpgroups also read their rows of each shared-memory A tile to accumulate the per-row sum of squares.
+
+Math (see ``normfuse.techniques.lazy_prenorm``)::
+
+    C = rmsnorm(A) @ (diag(gamma) B) = diag(rstd) (A @ B_folded),   rstd_i = rsqrt(sum_k A_ik^2 / K + eps)
+
+One kernel source serves both public ops through the constexpr ``FUSE_RMSNORM``: ``matmul`` is exactly the
+fused kernel minus the sum of squares and the epilogue row scale, so the time difference between the two is
+the cost of the fused norm.
+
+Kernel structure (per CTA; persistent over output tiles when ``TilingConfig.PERSISTENT``):
+
+- **Producer** (the ``"default"`` task, 4 warps): for every K step of every tile it waits on ``empty[s]``,
+  arms ``full[s]`` with the byte count of the whole stage (``mbarrier.arrive.expect_tx``) and issues one TMA
+  load per consumer for its ``[BLOCK_M / NUM_CONSUMERS, BLOCK_K]`` slice of A plus one TMA load of the
+  ``[BLOCK_K, BLOCK_N]`` B tile, all completing on ``full[s]``. Out-of-bounds parts of a box (M, N, K tails)
+  are zero-filled by TMA and still count toward the transaction bytes. A consumer slice lying wholly below
+  row M (M=1, M=257, ...) has its A row coordinate clamped to M-1 (it computes on real rows and skips its
+  store). The compiler splits the 256-column B box into four 64-column TMA copies, some of which are wholly
+  out of bounds at N tails (e.g. N=520), exactly as in any Triton kernel with such a descriptor.
+- **Consumers** (``NUM_CONSUMERS`` replicated 4-warp tasks with ``setmaxnreg``): for every K step they wait
+  on ``full[s]``, issue the wgmma on their A slice and the shared B tile, and, in the fused op, load their A
+  slice from shared memory (``tlx.local_load``) and add its fp32 row sums of squares *while that wgmma is in
+  flight*. ``async_dot_wait(1)`` then retires the *previous* wgmma, after which that previous stage is
+  released (``barrier_arrive(empty[s_prev])``). After the last K step, ``async_dot_wait(0)`` and the last
+  release; the epilogue computes ``rstd = rsqrt(ss / K + eps)``, scales the fp32 accumulator, casts it to
+  the input dtype and writes it with a TMA store (out-of-bounds rows/columns are clipped). ``rstd`` makes a
+  256-byte round trip through a per-consumer shared buffer: reading it back lets the compiler pick the
+  accumulator's row layout; multiplying directly made it convert the whole 64x256 fp32 accumulator to the
+  norm's layout through shared memory (64 ``ldmatrix`` in the PTX).
+
+Barrier protocol (``NUM_STAGES`` ring slots, one global K-step counter ``it`` per task, identical sequences of
+(tile, k) in every task; slot ``s = it % NUM_STAGES``, use ``u = it // NUM_STAGES``, parity ``u & 1``):
+
+- ``full[s]``: arrive count 1 (the producer's ``arrive.expect_tx``) + the stage's TMA transaction bytes,
+  ``(BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * itemsize`` (a TMA box always delivers its full byte count,
+  zero-filled out of bounds). Consumers wait with parity ``u & 1``.
+- ``empty[s]``: arrive count ``NUM_CONSUMERS``; each consumer warpgroup arrives once per use (TLX lowers
+  ``barrier_arrive`` to a warpgroup ``bar.sync`` followed by one elected ``mbarrier.arrive``, so all of the
+  warpgroup's shared-memory reads of the slot are done). The producer waits with parity ``(u & 1) ^ 1``:
+  the first use of every slot passes immediately (the barrier's "previous phase" counts as complete).
+- A slot is released only after (a) the consumer's wgmma that read it has retired (``async_dot_wait``) and
+  (b) its sum-of-squares ``local_load`` has returned (program order + the ``bar.sync`` before the arrive).
+  With ``async_dot_wait(1)`` a consumer holds at most two slots, so ``NUM_STAGES >= 2`` is required.
+
+The fused sum of squares avoids Triton's software pipeliner entirely (``num_stages=1``; the ring is explicit),
+so it is not exposed to the "one tile feeds both tl.dot and a row reduction" miscompile
+(triton-lang/triton#6691, dsl-primer blocker 1).
+
+Sources:
+
+- PyTorch blog, "Towards Free Normalization: Fusing Normalization into GEMM and Attention Kernels"
+  (2026-07-10), https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
+- TLX (fbtriton), https://github.com/facebookexperimental/triton -- structure follows the Hopper tutorials
+  ``hopper_gemm_ws.py`` and ``hopper-persistent-gemm-ws-cooperative.py`` (producer + 2 replicated consumers,
+  ``async_dot_wait(1)`` pipelining); the code here is written for this repo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from normfuse.techniques import lazy_prenorm as _spec
+
+SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
+REGISTER_FILE = 65536  # 32-bit registers per SM (and per CTA at most)
+H200_NUM_SMS = 132  # used for the persistent grid when compiling without a GPU
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+OPS = ("matmul", "lazy_rmsnorm_matmul")
+_PRODUCER_WARPS = 4  # the "default" task (TMA producer) uses the kernel's num_warps
+_MIN_PRODUCER_REGS = 24  # setmaxnreg lower bound
+
+
+def _is_pow2(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0
+
+
+@dataclass(frozen=True)
+class TilingConfig:
+    """Tile sizes and pipeline shape of the TLX Lazy Pre-Norm / GEMM kernel.
+
+    Fields:
+        BLOCK_M, BLOCK_N, BLOCK_K: output tile [BLOCK_M, BLOCK_N] and K step (powers of 2).
+        GROUP_M: grouped (L2-friendly) tile order: GROUP_M row-tiles are swept together along N.
+        NUM_STAGES: depth of the shared-memory ring of (A, B) stages (>= 2: a consumer holds 2 with
+            ``async_dot_wait(1)``).
+        NUM_CONSUMERS: consumer warpgroups (1 or 2); each owns BLOCK_M // NUM_CONSUMERS = 64 rows, so
+            BLOCK_M = 64 * NUM_CONSUMERS.
+        PERSISTENT: grid = min(#SMs, #tiles) and each CTA loops over tiles (True), or one CTA per tile.
+        EPILOGUE_SUBTILE: store the output tile as two [rows, BLOCK_N / 2] TMA stores, halving the
+            epilogue staging buffer in shared memory (frees room for one more stage at BLOCK_N = 256).
+        CONSUMER_REGS: ``setmaxnreg`` register count per consumer thread (multiple of 8); the producer gets
+            what is left of the 64 K register file.
+
+    Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
+    """
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 256
+    BLOCK_K: int = 64
+    GROUP_M: int = 8
+    NUM_STAGES: int = 3
+    NUM_CONSUMERS: int = 2
+    PERSISTENT: bool = True
+    EPILOGUE_SUBTILE: bool = False
+    CONSUMER_REGS: int = 232
+
+    def __post_init__(self):
+        errors = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.type in (bool, "bool"):
+                if not isinstance(v, bool):
+                    errors.append(f"{f.name} must be a bool, got {v!r}")
+            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                errors.append(f"{f.name} must be a positive integer, got {v!r}")
+        if errors:
+            raise ValueError("invalid TilingConfig: " + "; ".join(errors))
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "NUM_CONSUMERS"):
+            if not _is_pow2(getattr(self, name)):
+                errors.append(f"{name}={getattr(self, name)} must be a power of 2")
+        if self.NUM_CONSUMERS not in (1, 2):
+            errors.append(f"NUM_CONSUMERS={self.NUM_CONSUMERS} must be 1 or 2")
+        elif self.BLOCK_M != 64 * self.NUM_CONSUMERS:
+            # 64 rows = one m64 wgmma per warpgroup. 128 rows per warpgroup compiles, but the fused epilogue then
+            # converts the whole accumulator through shared memory (seen in the TTGIR), so it is not offered.
+            errors.append(f"BLOCK_M // NUM_CONSUMERS = {self.BLOCK_M}//{self.NUM_CONSUMERS} must be 64 "
+                          "(one m64 wgmma row slice per consumer warpgroup)")
+        if not 32 <= self.BLOCK_N <= 256:
+            errors.append(f"BLOCK_N={self.BLOCK_N} must be in [32, 256] (wgmma N and TMA box limits)")
+        if not 16 <= self.BLOCK_K <= 128:
+            errors.append(f"BLOCK_K={self.BLOCK_K} must be in [16, 128]")
+        if not 2 <= self.NUM_STAGES <= 8:
+            errors.append(f"NUM_STAGES={self.NUM_STAGES} must be in [2, 8] (async_dot_wait(1) holds 2 stages)")
+        if self.CONSUMER_REGS % 8 or not 24 <= self.CONSUMER_REGS <= 256:
+            errors.append(f"CONSUMER_REGS={self.CONSUMER_REGS} must be a multiple of 8 in [24, 256] (setmaxnreg)")
+        elif self.NUM_CONSUMERS in (1, 2):
+            used = self.NUM_CONSUMERS * 128 * self.CONSUMER_REGS + _PRODUCER_WARPS * 32 * _MIN_PRODUCER_REGS
+            if used > REGISTER_FILE:
+                errors.append(f"register file: {self.NUM_CONSUMERS} consumers x 128 threads x {self.CONSUMER_REGS} "
+                              f"regs + producer minimum = {used} > {REGISTER_FILE}")
+            if not errors and self.acc_regs_per_thread + 64 > self.CONSUMER_REGS:
+                errors.append(f"accumulator registers: {self.rows_per_consumer}x{self.BLOCK_N} fp32 per warpgroup = "
+                              f"{self.acc_regs_per_thread} regs/thread, needs CONSUMER_REGS >= "
+                              f"{self.acc_regs_per_thread + 64} (64 for addresses, the A slice and the norm)")
+        if not errors and self.smem_bytes() > SMEM_LIMIT_BYTES:
+            errors.append(f"shared memory: estimated {self.smem_bytes()} B > {SMEM_LIMIT_BYTES} B (227 KB) "
+                          f"for NUM_STAGES={self.NUM_STAGES}, tile {self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}, "
+                          f"EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE}")
+        if errors:
+            raise ValueError("invalid TilingConfig: " + "; ".join(errors))
+
+    # --- derived quantities -----------------------------------------------------------------------------
+    @property
+    def rows_per_consumer(self) -> int:
+        """Rows of the output tile owned by one consumer warpgroup (BLOCK_M // NUM_CONSUMERS)."""
+        return self.BLOCK_M // self.NUM_CONSUMERS
+
+    @property
+    def acc_regs_per_thread(self) -> int:
+        """fp32 accumulator registers per consumer thread (rows_per_consumer * BLOCK_N / 128 threads)."""
+        return self.rows_per_consumer * self.BLOCK_N // 128
+
+    @property
+    def num_warps_total(self) -> int:
+        """Warps per CTA: 4 (producer) + 4 per consumer."""
+        return _PRODUCER_WARPS + 4 * self.NUM_CONSUMERS
+
+    def smem_bytes(self, itemsize: int = 2) -> int:
+        """Estimated shared memory per CTA in bytes: the (A, B) ring, one epilogue staging tile per consumer
+        (half a tile with EPILOGUE_SUBTILE), the rstd buffers, the mbarriers and 1 KB of alignment slack.
+        Checked against the compiler's ``metadata.shared`` in tests/tlx."""
+        ring = self.NUM_STAGES * (self.BLOCK_M * self.BLOCK_K + self.BLOCK_K * self.BLOCK_N) * itemsize
+        epilogue = self.BLOCK_M * (self.BLOCK_N // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
+        misc = self.BLOCK_M * 4 + 2 * self.NUM_STAGES * 8 + 1024
+        return ring + epilogue + misc
+
+    def to_dict(self) -> dict:
+        """Plain dict of the fields (round-trips through ``from_dict``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | "TilingConfig" | None) -> "TilingConfig":
+        """Build a config from ``None`` (defaults), a ``TilingConfig`` (returned as is) or a mapping of field
+        overrides. Raises ValueError for unknown keys (listing the valid ones) and for values that break a
+        constraint (non-power-of-2 tiles, shared memory over 227 KB, register budget, ...); TypeError if ``d``
+        is none of these."""
+        if d is None:
+            return cls()
+        if isinstance(d, cls):
+            return d
+        if not isinstance(d, Mapping):
+            raise TypeError(f"config must be None, a TilingConfig or a mapping, got {type(d).__name__}")
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown TilingConfig key(s) {unknown}; valid keys: {', '.join(valid)}")
+        return cls(**dict(d))
+
+
+DEFAULT_CONFIG = TilingConfig()
+
+# Every config we ship is compile-checked for sm_90 in tests/tlx and GPU-checked by `python -m
+# kernels_tlx.lazy_prenorm`. "nonpersistent" runs each tile in its own CTA (isolates the cross-tile phase
+# bookkeeping); "bn128_s4" halves the accumulator and deepens the ring; "s4_subtile" keeps BLOCK_N=256 with
+# 4 stages by halving the epilogue staging buffer.
+SHIPPED_CONFIGS: dict[str, TilingConfig] = {
+    "default": DEFAULT_CONFIG,
+    "nonpersistent": TilingConfig(PERSISTENT=False),
+    "bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4),
+    "s4_subtile": TilingConfig(NUM_STAGES=4, EPILOGUE_SUBTILE=True),
+}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Kernel
+# ------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped tile order: GROUP_M row-tiles are swept together along N (A row-tiles and B stay in L2)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _lazy_prenorm_ws_kernel(
+    a_desc,  # TMA descriptor of A [M, K], block [BLOCK_M // NUM_CONSUMERS, BLOCK_K]
+    b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
+    c_desc,  # TMA descriptor of C [M, N], block [BLOCK_M // NUM_CONSUMERS, BLOCK_N (// 2 if EPILOGUE_SUBTILE)]
+    M,
+    N,
+    K,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    NUM_CONSUMERS: tl.constexpr,
+    CONSUMER_REGS: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    FUSE_RMSNORM: tl.constexpr,
+):
+    BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup
+    STAGE_BYTES: tl.constexpr = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(tlx.dtype_of(a_desc))
+
+    # Ring: consumer c's A slice of slot s lives in a_bufs[c * NUM_STAGES + s]; B of slot s in b_bufs[s].
+    a_bufs = tlx.local_alloc((BM_C, BLOCK_K), tlx.dtype_of(a_desc), NUM_STAGES * NUM_CONSUMERS)
+    b_bufs = tlx.local_alloc((BLOCK_K, BLOCK_N), tlx.dtype_of(b_desc), NUM_STAGES)
+    full_bars = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
+    empty_bars = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=NUM_CONSUMERS)
+    # Per-consumer rstd staging: a shared-memory round trip lets the compiler read rstd back directly in the
+    # accumulator's row layout (otherwise it converts the whole fp32 accumulator to the norm's layout).
+    rstd_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        # ---------------------------------------------------------------- producer: TMA loads
+        with tlx.async_task("default"):
+            num_pid_m = tl.cdiv(M, BLOCK_M)
+            num_pid_n = tl.cdiv(N, BLOCK_N)
+            num_tiles = num_pid_m * num_pid_n
+            k_tiles = tl.cdiv(K, BLOCK_K)
+            it = 0
+            for tile_id in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+                pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+                off_m = pid_m * BLOCK_M
+                off_n = pid_n * BLOCK_N
+                for ki in range(0, k_tiles):
+                    s = it % NUM_STAGES
+                    phase = (it // NUM_STAGES) & 1
+                    tlx.barrier_wait(empty_bars[s], phase ^ 1)  # first use of a slot passes at once
+                    tlx.barrier_expect_bytes(full_bars[s], STAGE_BYTES)
+                    off_k = ki * BLOCK_K
+                    for c in tl.static_range(NUM_CONSUMERS):
+                        # Clamp so that no A box lies wholly below row M: a consumer whose rows are all out of
+                        # bounds then computes on real rows and skips its store (see the epilogue).
+                        a_row = tl.minimum(off_m + c * BM_C, M - 1)
+                        tlx.async_descriptor_load(a_desc, a_bufs[c * NUM_STAGES + s], [a_row, off_k], full_bars[s])
+                    tlx.async_descriptor_load(b_desc, b_bufs[s], [off_k, off_n], full_bars[s])
+                    it += 1
+
+        # ---------------------------------------------------------------- consumers: wgmma (+ sum of squares)
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            num_pid_m = tl.cdiv(M, BLOCK_M)
+            num_pid_n = tl.cdiv(N, BLOCK_N)
+            num_tiles = num_pid_m * num_pid_n
+            k_tiles = tl.cdiv(K, BLOCK_K)
+            it = 0
+            for tile_id in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+                pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+                off_cm = pid_m * BLOCK_M + cid * BM_C
+                off_n = pid_n * BLOCK_N
+                acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
+                ss = tl.zeros([BM_C], dtype=tl.float32)
+                s_prev = 0
+                for ki in range(0, k_tiles):
+                    s = it % NUM_STAGES
+                    phase = (it // NUM_STAGES) & 1
+                    tlx.barrier_wait(full_bars[s], phase)
+                    a_tile = a_bufs[cid * NUM_STAGES + s]
+                    acc = tlx.async_dot(a_tile, b_bufs[s], acc)
+                    if FUSE_RMSNORM:
+                        # Runs while the wgmma above is in flight; TMA zero-fills out-of-bounds K columns.
+                        x = tlx.local_load(a_tile).to(tl.float32)
+                        ss += tl.sum(x * x, axis=1)
+                    acc = tlx.async_dot_wait(1, acc)  # the previous wgmma has retired: release its slot
+                    if ki > 0:
+                        tlx.barrier_arrive(empty_bars[s_prev])
+                    s_prev = s
+                    it += 1
+                acc = tlx.async_dot_wait(0, acc)
+                tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
+
+                if FUSE_RMSNORM:
+                    rstd = tl.math.rsqrt(ss / K + eps)
+                    rstd_buf = rstd_bufs[cid]
+                    tlx.local_store(rstd_buf, rstd)
+                    rstd_rows = tlx.local_load(rstd_buf)
+                    acc = acc * rstd_rows[:, None]
+                if off_cm < M:  # rows past M (the last row-tile) are clipped by TMA; wholly-OOB slices skip it
+                    if EPILOGUE_SUBTILE:
+                        acc3 = tl.permute(tl.reshape(acc, (BM_C, 2, BLOCK_N // 2)), (0, 2, 1))
+                        acc_lo, acc_hi = tl.split(acc3)
+                        c_desc.store([off_cm, off_n], acc_lo.to(tlx.dtype_of(c_desc)))
+                        c_desc.store([off_cm, off_n + BLOCK_N // 2], acc_hi.to(tlx.dtype_of(c_desc)))
+                    else:
+                        c_desc.store([off_cm, off_n], acc.to(tlx.dtype_of(c_desc)))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------------------
+_NUM_SMS_CACHE: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    key = (device.type, device.index)
+    if key not in _NUM_SMS_CACHE:
+        _NUM_SMS_CACHE[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS_CACHE[key]
+
+
+def _validate(a, b, eps, fuse: bool, *, need_cuda: bool) -> tuple[int, int, int]:
+    """Shared input checks of the public functions; returns (M, N, K). Raises TypeError/ValueError."""
+    if fuse and (eps is None or isinstance(eps, bool)):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    M, N, K = _spec.check_inputs(a, b, eps if fuse else None)
+    if a.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"the TLX kernel supports bf16 and fp16 inputs, got {a.dtype} "
+                        "(fp32 would need tf32 wgmma with K-major B)")
+    for name, t in (("a", a), ("b", b)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address (TMA descriptors), "
+                             f"got data_ptr % 16 = {t.data_ptr() % 16}")
+    if need_cuda and a.device.type != "cuda":
+        raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
+    return M, N, K
+
+
+def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int):
+    M, K = a.shape
+    N = b.shape[1]
+    bm_c = cfg.rows_per_consumer
+    bn_store = cfg.BLOCK_N // 2 if cfg.EPILOGUE_SUBTILE else cfg.BLOCK_N
+    a_desc = TensorDescriptor.from_tensor(a, [bm_c, cfg.BLOCK_K])
+    b_desc = TensorDescriptor.from_tensor(b, [cfg.BLOCK_K, cfg.BLOCK_N])
+    c_desc = TensorDescriptor.from_tensor(c, [bm_c, bn_store])
+    num_tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    grid = (min(num_sms, num_tiles), ) if cfg.PERSISTENT else (num_tiles, )
+    args = (a_desc, b_desc, c_desc, M, N, K, float(eps) if eps is not None else 1e-6)
+    kwargs = dict(
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        BLOCK_K=cfg.BLOCK_K,
+        GROUP_M=cfg.GROUP_M,
+        NUM_STAGES=cfg.NUM_STAGES,
+        NUM_CONSUMERS=cfg.NUM_CONSUMERS,
+        CONSUMER_REGS=cfg.CONSUMER_REGS,
+        EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE,
+        FUSE_RMSNORM=fuse,
+        num_warps=_PRODUCER_WARPS,  # the default (producer) task; consumers add 4 warps each
+        num_stages=1,  # no compiler pipelining: the ring above is explicit
+    )
+    return args, grid, kwargs
+
+
+def _run(a, b, eps, fuse: bool, config) -> torch.Tensor:
+    cfg = TilingConfig.from_dict(config)
+    M, N, K = _validate(a, b, eps, fuse, need_cuda=True)
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, _num_sms(a.device))
+    _lazy_prenorm_ws_kernel[grid](*args, **kwargs)
+    return c
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:
+    """``C = a @ b`` with the warp-specialized TLX kernel (the fused kernel with the norm compiled out).
+
+    Args:
+        a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA.
+        b: ``[K, N]`` same dtype and device, row-major contiguous. K and N multiples of 8 (16-byte TMA rows).
+        config: ``TilingConfig``, a dict of overrides, or None for ``DEFAULT_CONFIG``.
+
+    Returns:
+        ``C [M, N]`` in ``a.dtype`` (fp32 accumulation).
+
+    Raises:
+        TypeError: non-tensors, mixed dtypes, or a dtype other than bf16/fp16.
+        ValueError: wrong ranks, mismatched K, non-contiguous or misaligned inputs, non-CUDA tensors, or an
+            invalid config.
+
+    Sources: TLX Hopper GEMM tutorials, https://github.com/facebookexperimental/triton
+    """
+    return _run(a, b, None, False, config)
+
+
+def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float = 1e-6, config=None) -> torch.Tensor:
+    """Lazy Pre-Norm: ``C = rsqrt(mean(a^2, -1) + eps)[:, None] * (a @ b_folded)`` in one kernel.
+
+    Equals ``(rmsnorm(a) * gamma) @ b`` when ``b_folded = diag(gamma) @ b``
+    (``normfuse.techniques.lazy_prenorm.fold_gamma``). The per-row sum of squares is accumulated in fp32 by the
+    consumer warpgroups from the shared-memory A tiles while their wgmma runs; ``rstd`` scales the fp32
+    accumulator in the epilogue, so the normalized activation never exists in memory.
+
+    Args:
+        a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA (K multiple of 8).
+        b_folded: ``[K, N]`` same dtype and device, row-major contiguous (N multiple of 8).
+        eps: added to the mean square inside the rsqrt (finite, > 0). Default 1e-6 (Meta's TLX kernel;
+            the blog's pseudocode uses 1e-5).
+        config: ``TilingConfig``, a dict of overrides, or None for ``DEFAULT_CONFIG``.
+
+    Returns:
+        ``C [M, N]`` in ``a.dtype``.
+
+    Raises:
+        TypeError: non-tensors, mixed dtypes, or a dtype other than bf16/fp16.
+        ValueError: wrong ranks, mismatched K, non-contiguous or misaligned inputs, ``eps <= 0``, non-CUDA
+            tensors, or an invalid config.
+
+    Sources: PyTorch blog "Towards Free Normalization",
+    https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+    TLX, https://github.com/facebookexperimental/triton
+    """
+    return _run(a, b_folded, eps, True, config)
+
+
+def _ptx_extras(ptx: str) -> dict:
+    """Extra PTX facts: shared loads issued between a wgmma commit and the next wgmma wait (the sum of
+    squares overlapping the MMA), ``wait_group`` counts, setmaxnreg values, ``ldmatrix`` (layout conversions)."""
+    in_flight = 0
+    pending = False
+    for line in ptx.splitlines():
+        s = line.strip()
+        if s.startswith("wgmma.commit_group"):
+            pending = True
+        elif s.startswith("wgmma.wait_group"):
+            pending = False
+        elif pending and s.startswith("ld.shared"):
+            in_flight += 1
+    return {
+        "ld_shared_v4": len(re.findall(r"\bld\.shared\.v4\.", ptx)),
+        "ld_shared_during_wgmma": in_flight,
+        "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)),
+        "wgmma_wait_0": len(re.findall(r"wgmma\.wait_group\.sync\.aligned 0;", ptx)),
+        "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+        "mbarrier_arrive_expect_tx": ptx.count("mbarrier.arrive.expect_tx"),
+        # > 0 would mean a register-layout conversion through shared memory (e.g. of the fp32 accumulator)
+        "ldmatrix": ptx.count("ldmatrix"),
+    }
+
+
+def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None) -> dict:
+    """Compile ``op`` for sm_90 without a GPU and summarize the result (never launches).
+
+    The caller must already have run ``normfuse.compile_only.install(90)`` in this process (the fake driver is
+    process-global). ``a [M, K]`` and ``b [K, N]`` are CPU tensors (only shapes, dtype and 16-byte alignment
+    matter; they are never read); the output is allocated with ``torch.empty`` (untouched).
+
+    Args:
+        op: ``"matmul"`` or ``"lazy_rmsnorm_matmul"``.
+        a, b: CPU (or CUDA) bf16/fp16 tensors, validated like the real ops.
+        eps: as in ``lazy_rmsnorm_matmul`` (ignored for ``matmul``).
+        config: ``TilingConfig``, dict or None.
+
+    Returns:
+        ``normfuse.compile_only.summarize(compiled)`` (ptx_markers, shared_bytes, num_warps, smem_ok,
+        cluster_dims) plus ``ptx_extra`` (see ``_ptx_extras``), ``grid``, ``config`` and
+        ``smem_estimate``.
+
+    Raises:
+        ValueError: unknown ``op``, invalid inputs or config; TypeError: bad dtypes.
+    """
+    from normfuse.compile_only import summarize
+
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    fuse = op == "lazy_rmsnorm_matmul"
+    cfg = TilingConfig.from_dict(config)
+    M, N, K = _validate(a, b, eps, fuse, need_cuda=False)
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    num_sms = _num_sms(a.device) if a.device.type == "cuda" else H200_NUM_SMS
+    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, num_sms)
+    compiled = _lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kwargs)
+    out = summarize(compiled)
+    out["ptx_extra"] = _ptx_extras(compiled.asm["ptx"])
+    out["grid"] = list(grid)
+    out["config"] = cfg.to_dict()
+    out["smem_estimate"] = cfg.smem_bytes(a.element_size())
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU self-check: python -m kernels_tlx.lazy_prenorm [--quick] [--config NAME ...]
+# ------------------------------------------------------------------------------------------------------------
+_CHECK_SHAPES = [  # (M, N, K): a block-aligned shape first, then partial/empty tiles, then the blog shape
+    (4096, 4096, 4096),
+    (1000, 1000, 1000),  # partial M, N and K tiles
+    (257, 520, 1000),  # last row-tile: consumer 0 partly in bounds, consumer 1's A box entirely out of bounds
+    (1000, 264, 72),  # K = 1 full + 1 partial K step
+    (129, 264, 8),  # K < BLOCK_K: a single, mostly zero-filled K step
+    (1, 1000, 1000),  # M = 1 (specialized by Triton); consumer 1 entirely out of bounds
+    (262144, 1024, 1024),  # blog benchmark shape, persistent loop of 62 tiles per CTA
+]
+_BENCH_SHAPES = [(262144, 1024, 1024), (8192, 8192, 8192)]
+_DEVICE = "cuda"  # the CPU dry-run test of _self_check swaps in "cpu" and fake kernels
+
+
+def _self_check(argv=None) -> int:
+    """Check every shipped config (both ops) against the fp32 reference at ``_CHECK_SHAPES``, then time them.
+
+    A hung launch (barrier deadlock) aborts the process after ``--hang-timeout`` seconds with a traceback
+    (faulthandler), so the last ``[run ]`` line names the culprit. Output buffers are NaN-poisoned first, so a
+    kernel that skips a tile cannot pass on a stale result of the previous launch.
+    """
+    import argparse
+    import faulthandler
+    import sys
+    import time
+
+    p = argparse.ArgumentParser(description="GPU correctness + speed check of the TLX Lazy Pre-Norm kernels")
+    p.add_argument("--config", action="append", choices=sorted(SHIPPED_CONFIGS),
+                   help="config(s) to check, repeatable (default: all shipped, 'default' first)")
+    p.add_argument("--quick", action="store_true", help="skip the 262144x1024x1024 check and all timing")
+    p.add_argument("--no-bench", action="store_true", help="correctness only")
+    p.add_argument("--hang-timeout", type=float, default=90.0,
+                   help="seconds before a hung launch aborts the process with a traceback")
+    p.add_argument("--eps", type=float, default=1e-6)
+    args = p.parse_args(argv)
+    names = args.config or list(SHIPPED_CONFIGS)
+    shapes = [s for s in _CHECK_SHAPES if not (args.quick and s[0] >= 262144)]
+    eps = args.eps
+    print(f"triton {triton.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+          f"{_num_sms(torch.device(_DEVICE))} SMs", flush=True)
+
+    def guarded(fn):
+        faulthandler.dump_traceback_later(args.hang_timeout, exit=True, file=sys.__stderr__)
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            return out
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    cache: dict = {}
+
+    def case(M, N, K):
+        if (M, N, K) not in cache:
+            inp = _spec.make_inputs(M, N, K, dtype="bf16", device=_DEVICE, seed=0)
+            ref_m, same_m = _spec.references("gemm", inp, eps)  # fp32 a @ b_folded, and torch's bf16 result
+            ref_f, same_f = _spec.references("fused", inp, eps)
+            cache[(M, N, K)] = (inp, ref_m, _spec.tolerance(ref_m, same_m), ref_f, _spec.tolerance(ref_f, same_f))
+        return cache[(M, N, K)]
+
+    failures = []
+    for name in names:
+        cfg = SHIPPED_CONFIGS[name]
+        for (M, N, K) in shapes:
+            inp, ref_m, tol_m, ref_f, tol_f = case(M, N, K)
+            a, bf = inp["a"], inp["b_folded"]
+            for op, fn, ref, tol in (("matmul", lambda: matmul(a, bf, config=cfg), ref_m, tol_m),
+                                     ("lazy_rmsnorm_matmul",
+                                      lambda: lazy_rmsnorm_matmul(a, bf, eps=eps, config=cfg), ref_f, tol_f)):
+                torch.full((M, N), float("nan"), dtype=a.dtype, device=_DEVICE)  # poison the allocator's block
+                print(f"[run ] {name:14s} {op:20s} M={M} N={N} K={K} ...", end=" ", flush=True)
+                t0 = time.perf_counter()
+                out = guarded(fn)
+                res = _spec.compare(out, ref, tol)
+                del out
+                if not res["ok"]:
+                    failures.append(f"{name} {op} {M}x{N}x{K}")
+                print(f"{'ok  ' if res['ok'] else 'FAIL'} max_abs={res['max_abs_err']:.3e} tol={tol:.3e} "
+                      f"rel={res['rel_err']:.2e} ({time.perf_counter() - t0:.1f}s)", flush=True)
+    cache.clear()
+    torch.cuda.empty_cache()
+
+    if not (args.quick or args.no_bench):
+        from triton.testing import do_bench
+
+        for (M, N, K) in _BENCH_SHAPES:
+            inp = _spec.make_inputs(M, N, K, dtype="bf16", device=_DEVICE, seed=0)
+            a, bf = inp["a"], inp["b_folded"]
+            flop = 2.0 * M * N * K
+            print(f"--- timing M={M} N={N} K={K} bf16 (do_bench median, L2 flushed; TFLOP/s = 2MNK/t) ---",
+                  flush=True)
+
+            def bench(label, fn, norm_only=False):
+                guarded(fn)
+                ms = guarded(lambda: do_bench(fn, return_mode="median"))
+                rate = (f"{2 * M * K * a.element_size() / ms / 1e6:7.1f} GB/s (read A + write A)" if norm_only
+                        else f"{flop / ms / 1e9:7.1f} TFLOP/s")
+                print(f"{label:34s} {ms * 1e3:9.1f} us  {rate}", flush=True)
+                return ms
+
+            bench("cublas a@b", lambda: a @ bf)
+            t_norm = bench("torch eager rmsnorm (no GEMM)", lambda: _spec.rmsnorm(a, eps), norm_only=True)
+            for name in names:
+                cfg = SHIPPED_CONFIGS[name]
+                t_g = bench(f"tlx matmul [{name}]", lambda: matmul(a, bf, config=cfg))
+                t_f = bench(f"tlx fused  [{name}]", lambda: lazy_rmsnorm_matmul(a, bf, eps=eps, config=cfg))
+                print(f"{'':34s} fused - gemm = {(t_f - t_g) * 1e3:.1f} us "
+                      f"({100 * (t_f - t_g) / t_g:+.1f}% of the GEMM; "
+                      f"{100 * (1 - (t_f - t_g) / t_norm):.0f}% of the eager norm's time hidden)", flush=True)
+            del inp, a, bf
+            torch.cuda.empty_cache()
+
+    print("ALL OK" if not failures else f"{len(failures)} FAILURE(S): " + "; ".join(failures), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    sys.exit(_self_check())

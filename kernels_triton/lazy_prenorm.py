@@ -1,0 +1,405 @@
+r"""Lazy Pre-Norm in upstream Triton (3.6.0, Hopper sm_90): a TMA GEMM and the same GEMM with RMSNorm fused in.
+
+Formulation (technique spec: ``normfuse.techniques.lazy_prenorm``)::
+
+    C = (rmsnorm(A, eps) * gamma) @ B = diag(rstd) @ (A @ b_folded),   b_folded = diag(gamma) @ B,
+    rstd_i = rsqrt(sum_k A_ik^2 / K + eps)
+
+RMSNorm is a pure row scale, so it commutes with the GEMM. ``lazy_rmsnorm_matmul`` streams raw A tiles into the
+MMA, accumulates the per-row sum of squares of A in fp32 on the side, and multiplies the fp32 accumulator by
+``rstd`` in the epilogue; the normalized activation never exists in memory. ``matmul`` is the same kernel
+without the statistics, the GEMM baseline the fused kernel is measured against.
+
+Kernel structure (both kernels): one program per ``BLOCK_M x BLOCK_N`` output tile on a 1-D grid, tiles
+visited in grouped order (``GROUP_M`` row-tiles share each sweep over N, so the A row-block and the B column-block
+stay in L2); A, B and C travel through host-side TMA tensor descriptors
+(``triton.tools.tensor_descriptor.TensorDescriptor``: no device allocator is needed); the K loop is a
+``tl.range(..., num_stages=...)`` that Triton's software pipeliner turns into a multi-buffered
+TMA + mbarrier + wgmma pipeline; the accumulator is fp32. TMA zero-fills out-of-bounds loads and clips
+out-of-bounds stores, so M, K and N need not be multiples of the blocks (K and N must be multiples of 8:
+16-byte rows, enforced by ``check_inputs``).
+
+The pipeliner bug (triton-lang/triton#6691, open): when ONE loaded tile feeds both ``tl.dot`` and a register
+consumer such as the row reduction ``sum(a*a)``, triton 3.6.0 miscompiles the pipelined loop at
+``num_stages >= 3`` (wrong results on H200, rel. err ~3e-2 .. 5e-2; see ``/work/shared/examples/
+pipelined_sumsq_miscompile.py``). That is exactly the naive lazy-prenorm loop. ``TilingConfig.sumsq`` picks how
+the fused kernel obtains ``sum(a^2)``:
+
+* ``"shared_tile"``: the naive form; the TMA-loaded A tile feeds the dot and the row sum. Expected to be
+  WRONG at ``num_stages >= 3`` on 3.6.0 (kept to record the miscompile, and as the speed-of-light form).
+  What the sm_90 TTGIR shows (compile-only, default config): the pipeliner gives A a ring of
+  ``num_stages - 1`` smem slots but B ``num_stages`` slots, while both are prefetched ``num_stages - 1``
+  iterations ahead and the wgmma is left in flight (``warp_group_dot_wait pendings=1``). The TMA for step
+  ``k + num_stages - 1`` therefore overwrites the A slot that the still-running async wgmma of step ``k``
+  reads: a write-after-read race. The same pattern is in the IR at ``num_stages=2`` (a 1-slot A ring), so
+  ``num_stages=2`` is not safe by construction even where it measured correct. ptxas also serializes the
+  wgmmas of this loop (warning C7515).
+* ``"reload"`` (default): the dot takes A from the TMA descriptor load; the sum of squares comes from a
+  separate masked pointer load (``tl.load``) of the same A tile in the same iteration, so no loaded value
+  has two consumers. The pipeliner then gives the TMA A ring the same depth as B, and streams the second read
+  through its own cp.async ring (``num_stages - 1`` extra [BLOCK_M, BLOCK_K] smem slots: 32 KiB at the
+  default config). Costs a second read of each A tile (from L2: TMA just brought it there), overlapped with
+  the MMAs.
+* ``"prepass"`` (same name and meaning as ``"prepass"`` in ``kernels_helion``): a first K loop over the
+  program's A row-block computes only the sum of squares (pointer loads), then the unmodified GEMM loop runs
+  (Triton pipelines the prepass loop through its own cp.async ring, which shares smem with the GEMM ring).
+  The two loops never share a loaded value, but the prepass is not overlapped with MMA work and is repeated by
+  every tile of the row-block (``cdiv(N, BLOCK_N)`` times).
+
+Only a GPU run can say which formulation is correct at a given ``num_stages``: the compile-only check does not
+catch this bug. Every fused config needs a GPU correctness check before its timing is reported.
+
+Interpreter (``TRITON_INTERPRET=1``, set before importing triton): both kernels run on CPU tensors in
+fp16/fp32. Host ``TensorDescriptor`` works there, so the TMA path itself is interpreted (no pointer fallback is
+needed). bf16 ``tl.dot`` is wrong in the interpreter and ``libdevice`` returns None, so the kernels use
+``tl.math.rsqrt`` only. Triton 3.6's interpreter cannot run ``tl.range`` over a runtime bound with
+numpy >= 2.4 (triton#9171); ``_fix_interpreter_scalar_index`` applies the upstream one-line fix, under the
+interpreter only. fp32 inputs use ``input_precision="ieee"`` (exact fp32 FMA dot, no wgmma: fp32 is a debugging
+dtype; torch's fp32 matmul with TF32 off is the reference); on sm_90 the default tiles need ~320 KiB of smem in
+fp32, so fp32 on the GPU needs e.g. ``BLOCK_N=128, num_stages=2``.
+
+Sources: "Towards Free Normalization: Fusing Normalization into GEMM and Attention Kernels", PyTorch blog,
+https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+the TMA descriptor / grouped-order structure follows the ideas of the Triton persistent/TMA matmul tutorial,
+https://triton-lang.org/main/getting-started/tutorials/09-persistent-matmul.html (written from scratch here,
+non-persistent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from normfuse.techniques.lazy_prenorm import check_inputs
+
+__all__ = [
+    "SUMSQ_CHOICES",
+    "TilingConfig",
+    "DEFAULT_CONFIG",
+    "matmul",
+    "lazy_rmsnorm_matmul",
+    "compile_sm90",
+]
+
+SUMSQ_CHOICES = ("shared_tile", "reload", "prepass")
+OPS = ("matmul", "lazy_rmsnorm_matmul")
+_MAX_BOX = 256  # TMA: at most 256 elements per box dimension
+_MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _fix_interpreter_scalar_index() -> None:
+    """Interpreter-only compat fix for triton#9171 (closed upstream; the 3.6.0 wheel still has the bug).
+
+    The interpreter wraps scalar kernel arguments as 1-element numpy arrays and converts them with ``int(arr)``,
+    which numpy >= 2.4 rejects (``TypeError: only 0-dimensional arrays can be converted to Python scalars``),
+    so ``tl.range(0, K, ...)`` over a runtime ``K`` fails. We re-register the interpreter's ``tensor.__index__``
+    patch with the upstream fix (take the single element explicitly). Applied only under TRITON_INTERPRET and
+    only when numpy needs it; it changes nothing on the GPU path. Pinning ``numpy<2.4`` would also do.
+    """
+    import numpy as np
+
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return  # this numpy still converts 1-element arrays: nothing to fix
+    except TypeError:
+        pass
+    from triton.runtime import interpreter as interp
+
+    original = getattr(interp, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_normfuse_index_fix", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._normfuse_index_fix = True
+    interp._patch_lang_tensor = patched
+
+
+if _interpreting():
+    _fix_interpreter_scalar_index()
+
+
+def _is_pow2(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0
+
+
+@dataclass(frozen=True)
+class TilingConfig:
+    """Tile shape, launch parameters and sum-of-squares formulation of both kernels.
+
+    ``BLOCK_M x BLOCK_N`` is one program's output tile, ``BLOCK_K`` the K step; all three are powers of two
+    in [16, 256] (``tl.dot`` minimum; TMA box maximum). ``GROUP_M`` (>= 1) row-tiles are swept together over N
+    for L2 reuse. ``num_warps`` (power of two, 1..32) and ``num_stages`` (>= 1, the K-loop pipeline depth) are
+    passed to the launch and to ``tl.range``. ``sumsq`` (one of ``SUMSQ_CHOICES``) only affects
+    ``lazy_rmsnorm_matmul``; see the module docstring. Construction with a bad value (wrong type included)
+    raises ValueError naming the constraint.
+    """
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 256
+    BLOCK_K: int = 64
+    GROUP_M: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    sumsq: str = "reload"
+
+    def __post_init__(self):
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"TilingConfig.{name} must be an int, got {v!r}")
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            v = getattr(self, name)
+            if not (_is_pow2(v) and _MIN_BLOCK <= v <= _MAX_BOX):
+                raise ValueError(
+                    f"TilingConfig.{name}={v} must be a power of 2 in [{_MIN_BLOCK}, {_MAX_BOX}] "
+                    f"(tl.dot minimum, TMA box maximum)"
+                )
+        if self.GROUP_M < 1:
+            raise ValueError(f"TilingConfig.GROUP_M={self.GROUP_M} must be >= 1")
+        if not (_is_pow2(self.num_warps) and self.num_warps <= 32):
+            raise ValueError(f"TilingConfig.num_warps={self.num_warps} must be a power of 2 in [1, 32]")
+        if self.num_stages < 1:
+            raise ValueError(f"TilingConfig.num_stages={self.num_stages} must be >= 1")
+        if not isinstance(self.sumsq, str):
+            raise ValueError(f"TilingConfig.sumsq must be a str, one of {', '.join(SUMSQ_CHOICES)}; got {self.sumsq!r}")
+        if self.sumsq not in SUMSQ_CHOICES:
+            raise ValueError(f"TilingConfig.sumsq={self.sumsq!r} must be one of {', '.join(SUMSQ_CHOICES)}")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "TilingConfig":
+        """Build a config from a (possibly partial) dict; missing keys keep their defaults, ``None`` gives the
+        defaults (a ``TilingConfig`` is returned as is). Raises ValueError naming the valid keys for an unknown
+        key, ValueError for bad values (see the class docstring), TypeError if ``d`` is not a mapping."""
+        if d is None:
+            return cls()
+        if isinstance(d, TilingConfig):
+            return d
+        if not isinstance(d, Mapping):
+            raise TypeError(f"config must be a dict, a TilingConfig or None, got {type(d).__name__}")
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in d.keys() if k not in valid]
+        if unknown:
+            raise ValueError(f"unknown TilingConfig key(s) {unknown}; valid keys: {', '.join(valid)}")
+        return cls(**dict(d))
+
+    def to_dict(self) -> dict:
+        """The config as a plain dict (round-trips through ``from_dict``)."""
+        return dataclasses.asdict(self)
+
+
+DEFAULT_CONFIG = TilingConfig()
+
+
+# --------------------------------------------------------------------------------------------------------
+# device code
+# --------------------------------------------------------------------------------------------------------
+@triton.jit
+def _grouped_tile(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Map a linear tile id to (row-tile, col-tile): GROUP_M row-tiles are swept column by column together."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    group = tile_id // per_group
+    first_m = group * GROUP_M
+    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)  # the last group may be short
+    local = tile_id - group * per_group
+    pid_m = first_m + local % rows_in_group
+    pid_n = local // rows_in_group
+    return pid_m, pid_n
+
+
+@triton.jit
+def _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K: tl.constexpr):
+    """fp32 per-row sum of squares of one [BLOCK_M, BLOCK_K] A tile read with a masked pointer load
+    (independent of the TMA load that feeds the dot). ``a_rows_ptr`` is [BLOCK_M, 1] row-start pointers."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(a_rows_ptr + cols[None, :], mask=row_ok & (cols < K)[None, :], other=0.0).to(tl.float32)
+    return tl.sum(x * x, axis=1)
+
+
+@triton.jit
+def _matmul_kernel(a_desc, b_desc, c_desc, M, N, K,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        a = a_desc.load([off_m, k0])
+        b = b_desc.load([k0, off_n])
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+@triton.jit
+def _lazy_rmsnorm_matmul_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                SUMSQ: tl.constexpr):
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+
+    # row-start pointers for the pointer-load formulations (int64: M*K may exceed 2^31)
+    rows = off_m + tl.arange(0, BLOCK_M)
+    row_ok = (rows < M)[:, None]
+    a_rows_ptr = a_ptr + rows.to(tl.int64)[:, None] * K
+
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if SUMSQ == "prepass":
+        # statistics first, in their own loop: nothing loaded here reaches the dot
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        a = a_desc.load([off_m, k0])
+        b = b_desc.load([k0, off_n])
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if SUMSQ == "shared_tile":
+            # naive: `a` feeds the dot AND the reduction -> triton#6691 at num_stages >= 3
+            af = a.to(tl.float32)
+            ss += tl.sum(af * af, axis=1)
+        elif SUMSQ == "reload":
+            # separate pointer load of the same tile: no loaded value has two consumers
+            ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
+
+    rstd = tl.math.rsqrt(ss / K + eps)  # not libdevice: it returns None in the interpreter
+    acc = acc * rstd[:, None]
+    c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+# --------------------------------------------------------------------------------------------------------
+# host code
+# --------------------------------------------------------------------------------------------------------
+def _as_config(config) -> TilingConfig:
+    if config is None or isinstance(config, TilingConfig):
+        return config or DEFAULT_CONFIG
+    if isinstance(config, Mapping):
+        return TilingConfig.from_dict(config)
+    raise TypeError(f"config must be a dict, a TilingConfig or None, got {type(config).__name__}")
+
+
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    return float(eps)
+
+
+def _check_tma_alignment(*tensors: torch.Tensor) -> None:
+    for name, t in zip(("a", "b"), tensors):
+        if t.data_ptr() % 16:
+            raise ValueError(
+                f"{name}.data_ptr() must be 16-byte aligned for TMA descriptors (a sliced view? call .clone())"
+            )
+
+
+def _prepare(a, b, eps, config, *, launch: bool):
+    """Validate, pick the config, allocate C and build the descriptors and launch arguments."""
+    M, N, K = check_inputs(a, b, eps)
+    cfg = _as_config(config)
+    if launch and a.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"inputs must be CUDA tensors (got device {a.device}); CPU tensors run only under "
+                         f"TRITON_INTERPRET=1")
+    _check_tma_alignment(a, b)
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.BLOCK_M, cfg.BLOCK_K])
+    b_desc = TensorDescriptor.from_tensor(b, [cfg.BLOCK_K, cfg.BLOCK_N])
+    c_desc = TensorDescriptor.from_tensor(c, [cfg.BLOCK_M, cfg.BLOCK_N])
+    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
+    meta = dict(
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        NUM_STAGES=cfg.num_stages,
+        # fp32 inputs: exact fp32 dot (TF32 would fail the fp32 tolerance); 16-bit inputs: the tensor-core path
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return cfg, (M, N, K), c, (a_desc, b_desc, c_desc), grid, meta
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:
+    """``C[M, N] = a[M, K] @ b[K, N]`` with an fp32 accumulator, returned in ``a.dtype`` (the GEMM baseline).
+
+    ``a`` and ``b``: 2-D row-major contiguous tensors of one dtype (bf16 on the GPU; fp16/fp32 also accepted,
+    and required under ``TRITON_INTERPRET=1``, whose bf16 dot is wrong), K and N multiples of 8, M >= 1, on a
+    CUDA device (CPU tensors only under the interpreter). ``config``: dict, ``TilingConfig`` or None
+    (``DEFAULT_CONFIG``); ``sumsq`` is ignored here.
+
+    Raises TypeError (non-tensors, dtypes, config type) and ValueError (ranks, shapes, alignment,
+    contiguity, devices, bad config values) via ``normfuse.techniques.lazy_prenorm.check_inputs`` and
+    ``TilingConfig``. Source: Triton persistent/TMA matmul tutorial,
+    https://triton-lang.org/main/getting-started/tutorials/09-persistent-matmul.html (TMA descriptors, grouped
+    tile order; this kernel is non-persistent).
+    """
+    cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b, None, config, launch=True)
+    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+        _matmul_kernel[grid](*descs, M, N, K, **meta)
+    return c
+
+
+def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float = 1e-6,
+                        config=None) -> torch.Tensor:
+    """Fused Lazy Pre-Norm: ``C = rsqrt(mean(a^2, -1) + eps)[:, None] * (a @ b_folded)``, fp32 statistics and
+    accumulator, returned in ``a.dtype``. Equals ``(rmsnorm(a) * gamma) @ b`` when ``b_folded = diag(gamma) @ b``
+    (``normfuse.techniques.lazy_prenorm.fold_gamma``).
+
+    ``a [M, K]``, ``b_folded [K, N]``: as in ``matmul`` (one dtype, contiguous, K and N multiples of 8, CUDA
+    device or the interpreter). ``eps``: finite float > 0. ``config``: dict, ``TilingConfig`` or None;
+    ``config.sumsq`` selects how the sum of squares is computed (module docstring; ``"shared_tile"`` is expected
+    to be miscompiled by triton 3.6.0 at ``num_stages >= 3``, triton#6691).
+
+    Raises TypeError / ValueError as ``matmul``, and ValueError for a bad ``eps``. Source: PyTorch blog
+    "Towards Free Normalization",
+    https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+    GEMM structure from https://triton-lang.org/main/getting-started/tutorials/09-persistent-matmul.html .
+    """
+    eps = _check_eps(eps)
+    cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b_folded, eps, config, launch=True)
+    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+        _lazy_rmsnorm_matmul_kernel[grid](*descs, a, M, N, K, eps, SUMSQ=cfg.sumsq, **meta)
+    return c
+
+
+def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None) -> dict:
+    """Compile ``op`` ("matmul" or "lazy_rmsnorm_matmul") for sm_90 without launching it; return
+    ``normfuse.compile_only.summarize(compiled)`` (PTX marker counts incl. wgmma / TMA, shared bytes, warps).
+
+    The caller must already have run ``normfuse.compile_only.install(90)`` in this process (the fake driver is
+    process-global) and must not set ``TRITON_INTERPRET``. ``a [M, K]``, ``b [K, N]``: CPU tensors with the
+    real shapes and dtype (``torch.empty`` is enough; they are never read). ``config`` as in ``matmul``.
+    Raises ValueError for an unknown ``op``, RuntimeError under ``TRITON_INTERPRET=1``, the errors of
+    ``matmul`` / ``lazy_rmsnorm_matmul`` for bad inputs or config, and Triton's compile errors as they come
+    (``OutOfResources`` is NOT raised here, since nothing is loaded onto a device: check ``shared_bytes`` /
+    ``smem_ok`` in the result). Compiles through ``kernel.warmup(..., grid=...)``. Sources: see
+    ``lazy_rmsnorm_matmul``.
+    """
+    from normfuse.compile_only import summarize
+
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    if _interpreting():
+        raise RuntimeError("compile_sm90 cannot run under TRITON_INTERPRET=1")
+    if op == "matmul":
+        cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b, None, config, launch=False)
+        compiled = _matmul_kernel.warmup(*descs, M, N, K, grid=grid, **meta)
+    else:
+        eps = _check_eps(eps)
+        cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b, eps, config, launch=False)
+        compiled = _lazy_rmsnorm_matmul_kernel.warmup(*descs, a, M, N, K, eps, grid=grid, SUMSQ=cfg.sumsq, **meta)
+    return summarize(compiled)

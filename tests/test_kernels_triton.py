@@ -1,0 +1,250 @@
+"""Tests of ``kernels_triton.lazy_prenorm`` on a CPU-only machine.
+
+1. Semantics under ``TRITON_INTERPRET=1`` (fp32/fp16, odd shapes, every ``sumsq`` formulation) against the
+   fp32 reference of ``normfuse.techniques.lazy_prenorm``. Runs in a subprocess: the interpreter flag must be set
+   before triton is imported.
+2. Compile-only for sm_90 at the default config and the benchmark shape (bf16, M=262144, K=N=1024): wgmma and
+   TMA in the PTX, shared memory within the H100/H200 limit. Subprocess: the fake driver is process-global.
+3. Config validation and input validation errors (in-process: they are raised before any launch).
+
+None of this catches the pipeliner miscompile (triton#6691): that needs the GPU correctness run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from kernels_triton import lazy_prenorm as ktl  # noqa: E402
+from kernels_triton.lazy_prenorm import DEFAULT_CONFIG, SUMSQ_CHOICES, TilingConfig  # noqa: E402
+
+
+def _run_python(code: str, *, interpret: bool, timeout: int = 240) -> str:
+    """Run ``code`` in a fresh interpreter at the repo root; return stdout, fail the test with stderr on error."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"subprocess failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    return proc.stdout
+
+
+def _last_json(stdout: str):
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------------------
+# 1. interpreter semantics
+# --------------------------------------------------------------------------------------------------------
+_INTERP_SCRIPT = r"""
+import json, os
+assert os.environ.get("TRITON_INTERPRET") == "1"
+import torch
+from normfuse.techniques import lazy_prenorm as T
+from kernels_triton.lazy_prenorm import matmul, lazy_rmsnorm_matmul, SUMSQ_CHOICES
+
+SMALL = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+# (M, N, K, extra config): M=1; K=N=72 not multiples of the block; several row tiles with a short last group;
+# the minimum block (16) with N, K not multiples of it either way; a prime M.
+CASES = [
+    (1, 72, 72, {}),
+    (37, 72, 72, {}),
+    (100, 40, 104, dict(BLOCK_M=16, GROUP_M=3)),
+    (64, 64, 64, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1)),
+    (67, 24, 48, dict(BLOCK_N=64, BLOCK_K=16, GROUP_M=8, num_stages=1)),
+]
+EPS = 1e-6
+results = []
+for dtype in ("fp32", "fp16"):
+    for M, N, K, extra in CASES:
+        cfg = {**SMALL, **extra}
+        inp = T.make_inputs(M, N, K, dtype=dtype, seed=M + N + K)
+        a, b, bf = inp["a"], inp["b"], inp["b_folded"]
+
+        # GEMM: fp32 reference, tolerance from torch in the same dtype
+        ref_mm = a.float() @ b.float()
+        tol_mm = T.tolerance(ref_mm, a @ b)
+        out = matmul(a, b, config=cfg)
+        assert out.dtype == a.dtype and out.shape == (M, N), (out.dtype, out.shape)
+        r = T.compare(out, ref_mm, tol_mm)
+        results.append(dict(op="matmul", dtype=dtype, shape=[M, N, K], sumsq=None, **r))
+
+        # fused: the technique's reference and tolerance
+        ref = T.reference(inp, EPS)
+        tol = T.tolerance(ref, T.unfused_torch(inp, EPS))
+        for sumsq in SUMSQ_CHOICES:
+            out = lazy_rmsnorm_matmul(a, bf, eps=EPS, config={**cfg, "sumsq": sumsq})
+            assert out.dtype == a.dtype and out.shape == (M, N), (out.dtype, out.shape)
+            r = T.compare(out, ref, tol)
+            results.append(dict(op="lazy_rmsnorm_matmul", dtype=dtype, shape=[M, N, K], sumsq=sumsq, **r))
+
+# eps is honoured (a large eps changes the answer visibly)
+inp = T.make_inputs(37, 72, 72, dtype="fp32", seed=1)
+ref = T.reference(inp, 0.5)
+out = lazy_rmsnorm_matmul(inp["a"], inp["b_folded"], eps=0.5, config={**SMALL, "sumsq": "reload"})
+r = T.compare(out, ref, T.tolerance(ref, T.unfused_torch(inp, 0.5)))
+results.append(dict(op="lazy_rmsnorm_matmul", dtype="fp32", shape=[37, 72, 72], sumsq="reload eps=0.5", **r))
+
+# negative control: the plain GEMM must FAIL the fused check (rows have scales 0.25..4, so rstd is visible)
+inp = T.make_inputs(37, 72, 72, dtype="fp32", seed=2)
+ref = T.reference(inp, EPS)
+neg = T.compare(matmul(inp["a"], inp["b_folded"], config=SMALL), ref, T.tolerance(ref, T.unfused_torch(inp, EPS)))
+print(json.dumps(dict(results=results, negative_control_ok=neg["ok"])))
+"""
+
+
+def test_interpreter_semantics():
+    out = _last_json(_run_python(_INTERP_SCRIPT, interpret=True))
+    bad = [r for r in out["results"] if not r["ok"]]
+    assert not bad, json.dumps(bad, indent=1)
+    n_fused = sum(r["op"] == "lazy_rmsnorm_matmul" for r in out["results"])
+    assert n_fused == 2 * 5 * len(SUMSQ_CHOICES) + 1
+    assert out["negative_control_ok"] is False, "the check cannot tell a missing rstd from a correct kernel"
+
+
+# --------------------------------------------------------------------------------------------------------
+# 2. compile-only for sm_90
+# --------------------------------------------------------------------------------------------------------
+_COMPILE_SCRIPT = r"""
+import json, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_triton.lazy_prenorm import compile_sm90, SUMSQ_CHOICES
+
+out = {}
+for (M, N, K) in [(262144, 1024, 1024), (1, 1000, 1000)]:
+    a = torch.empty(M, K, dtype=torch.bfloat16)
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    out[f"matmul/{M}x{N}x{K}"] = compile_sm90("matmul", a, b)
+    for sumsq in SUMSQ_CHOICES:
+        cfg = None if sumsq == "reload" else {"sumsq": sumsq}  # None = DEFAULT_CONFIG (sumsq="reload")
+        out[f"lazy_rmsnorm_matmul[{sumsq}]/{M}x{N}x{K}"] = compile_sm90("lazy_rmsnorm_matmul", a, b, eps=1e-6,
+                                                                        config=cfg)
+print(json.dumps(out))
+"""
+
+
+def test_compile_sm90():
+    from normfuse.compile_only import SMEM_LIMIT_BYTES
+
+    out = _last_json(_run_python(_COMPILE_SCRIPT, interpret=False))
+    assert DEFAULT_CONFIG.sumsq == "reload"
+    assert len(out) == 2 * (1 + len(SUMSQ_CHOICES))
+    for name, s in out.items():
+        m = s["ptx_markers"]
+        assert m["wgmma"] > 0, (name, s)
+        assert m["tma_load"] > 0, (name, s)
+        assert s["shared_bytes"] <= SMEM_LIMIT_BYTES and s["smem_ok"], (name, s)
+        assert s["num_warps"] == DEFAULT_CONFIG.num_warps, (name, s)
+    print(json.dumps(out, indent=1))
+
+
+# --------------------------------------------------------------------------------------------------------
+# 3. config and input validation
+# --------------------------------------------------------------------------------------------------------
+def test_config_defaults_and_roundtrip():
+    assert TilingConfig.from_dict(None) == DEFAULT_CONFIG == TilingConfig()
+    c = DEFAULT_CONFIG
+    assert (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K, c.GROUP_M, c.num_warps, c.num_stages, c.sumsq) == (
+        128, 256, 64, 8, 8, 3, "reload")
+    c2 = TilingConfig.from_dict({"BLOCK_N": 128, "sumsq": "prepass", "num_stages": 4})
+    assert (c2.BLOCK_N, c2.sumsq, c2.num_stages, c2.BLOCK_M) == (128, "prepass", 4, 128)
+    assert TilingConfig.from_dict(c2.to_dict()) == c2
+    assert set(SUMSQ_CHOICES) == {"shared_tile", "reload", "prepass"}
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"BLOCK_MM": 64}, "valid keys"),
+    ({"block_m": 64}, "BLOCK_M"),  # the message lists the valid keys
+    ({"BLOCK_M": 96}, "power of 2"),
+    ({"BLOCK_N": 512}, "power of 2"),
+    ({"BLOCK_K": 8}, "power of 2"),
+    ({"BLOCK_M": 0}, "power of 2"),
+    ({"BLOCK_M": 128.0}, "int"),
+    ({"BLOCK_M": True}, "int"),
+    ({"GROUP_M": 0}, "GROUP_M"),
+    ({"num_warps": 6}, "num_warps"),
+    ({"num_warps": 64}, "num_warps"),
+    ({"num_stages": 0}, "num_stages"),
+    ({"num_stages": "3"}, "int"),
+    ({"sumsq": "fused"}, "shared_tile"),
+    ({"sumsq": None}, "sumsq"),
+])
+def test_config_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        TilingConfig.from_dict(bad)
+
+
+def test_config_type_errors():
+    with pytest.raises(TypeError):
+        TilingConfig.from_dict([("BLOCK_M", 64)])
+    a = torch.randn(16, 16)
+    with pytest.raises(TypeError):
+        ktl.matmul(a, a, config="default")
+
+
+def _ab(M=16, K=16, N=16, dtype=torch.float16):
+    return torch.randn(M, K).to(dtype), torch.randn(K, N).to(dtype)
+
+
+@pytest.mark.parametrize("fn", ["matmul", "lazy_rmsnorm_matmul"])
+def test_input_errors(fn):
+    f = getattr(ktl, fn)
+    a, b = _ab()
+    with pytest.raises(TypeError):  # mixed dtypes
+        f(a, b.float())
+    with pytest.raises(TypeError):  # unsupported dtype
+        f(a.to(torch.int32), b.to(torch.int32))
+    with pytest.raises(TypeError):  # not a tensor
+        f(a.numpy(), b)
+    with pytest.raises(ValueError):  # rank
+        f(a[None], b)
+    with pytest.raises(ValueError):  # inner dims differ
+        f(a, torch.randn(24, 16).half())
+    with pytest.raises(ValueError):  # non-contiguous
+        f(torch.randn(32, 16).half()[::2], b)
+    with pytest.raises(ValueError, match="multiple of 8"):  # K not a multiple of 8 (TMA 16-byte rows)
+        f(torch.randn(16, 12).half(), torch.randn(12, 16).half())
+    with pytest.raises(ValueError, match="multiple of 8"):  # N not a multiple of 8
+        f(a, torch.randn(16, 20).half())
+    with pytest.raises(ValueError, match="power of 2"):  # bad config through the public function
+        f(a, b, config={"BLOCK_M": 48})
+    with pytest.raises(ValueError, match="CUDA"):  # valid inputs, but CPU tensors without the interpreter
+        f(a, b)
+
+
+def test_eps_errors():
+    a, b = _ab()
+    for eps in (0.0, -1e-6, float("nan"), float("inf"), "1e-6", None, True):
+        with pytest.raises(ValueError, match="eps"):
+            ktl.lazy_rmsnorm_matmul(a, b, eps=eps)
+
+
+def test_compile_sm90_argument_errors():
+    # raised before anything is compiled, so no fake driver is needed
+    a, b = _ab(dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="unknown op"):
+        ktl.compile_sm90("rmsnorm", a, b)
+    # contiguous but misaligned view (base 2 bytes off): TMA descriptors need 16-byte aligned bases
+    flat = torch.empty(16 * 16 + 1, dtype=torch.bfloat16)
+    a_mis = flat[1:].view(16, 16)
+    assert a_mis.is_contiguous() and a_mis.data_ptr() % 16
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        ktl.compile_sm90("matmul", a_mis, b)
+    with pytest.raises(ValueError, match="eps"):
+        ktl.compile_sm90("lazy_rmsnorm_matmul", a, b, eps=0.0)

@@ -1,0 +1,315 @@
+"""Tests of ``kernels_tlx.lazy_prenorm`` (run with the TLX venv: ``.venv-tlx/bin/python -m pytest tests/tlx``).
+
+1. Compile-only for sm_90 (TLX has no interpreter): every shipped config (+ a single-consumer one), both ops,
+   bf16, at the blog shape (M=262144, K=N=1024) and an odd shape (M=1, K=N=1000). Asserts wgmma, TMA,
+   mbarrier and setmaxnreg in the PTX, shared memory within 227 KB (and close to ``TilingConfig.smem_bytes``),
+   the warp count, the ``async_dot_wait(1)`` pipelining, no accumulator layout conversion (no ldmatrix), and
+   -- for the fused op only -- shared-memory loads of the A tile issued between the wgmma commit and its wait
+   (the sum of squares overlapping the MMA). Subprocess: the fake driver is process-global.
+2. Config validation and input validation (in-process; raised before anything is compiled or launched).
+3. GPU (marker ``gpu``, skipped without CUDA): every shipped config through the sweep worker's check.
+
+Compile-only does not catch barrier-phase bugs, races or deadlocks: the GPU check (3, or
+``python -m kernels_tlx.lazy_prenorm``) is the correctness test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# fbtriton (TLX) only: in the upstream environment (e.g. `make test-gpu`) this module is skipped, not an error
+pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): run with .venv-tlx/bin/python")
+
+from kernels_tlx import lazy_prenorm as ktlx  # noqa: E402
+from kernels_tlx.lazy_prenorm import DEFAULT_CONFIG, SHIPPED_CONFIGS, TilingConfig  # noqa: E402
+from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
+
+COMPILE_SHAPES = [(262144, 1024, 1024), (1, 1000, 1000)]  # (M, N, K)
+
+
+def _run_python(code: str, *argv: str, timeout: int = 170) -> str:
+    """Run ``code`` in a fresh interpreter at the repo root; return stdout, fail the test with stderr on error."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"subprocess failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    return proc.stdout
+
+
+# --------------------------------------------------------------------------------------------------------
+# 1. compile-only for sm_90
+# --------------------------------------------------------------------------------------------------------
+_COMPILE_SCRIPT = r"""
+import json, sys, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_tlx.lazy_prenorm import compile_sm90, OPS
+
+configs, shapes = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+out = {}
+for name, cfg in configs.items():
+    for (M, N, K) in shapes:
+        a = torch.empty(M, K, dtype=torch.bfloat16)  # never read: only shape, dtype and alignment matter
+        b = torch.empty(K, N, dtype=torch.bfloat16)
+        for op in OPS:
+            out[f"{name}/{op}/{M}x{N}x{K}"] = compile_sm90(op, a, b, eps=1e-6, config=None if name == "default" else cfg)
+print(json.dumps(out))
+"""
+# every shipped config, plus an accepted-but-unshipped single-consumer one (BLOCK_M = 64, 8 warps)
+COMPILE_CONFIGS = {**SHIPPED_CONFIGS, "single_consumer": TilingConfig(BLOCK_M=64, NUM_CONSUMERS=1)}
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    cfgs = json.dumps({k: v.to_dict() for k, v in COMPILE_CONFIGS.items()})
+    return json.loads(_run_python(_COMPILE_SCRIPT, cfgs, json.dumps(COMPILE_SHAPES)).strip().splitlines()[-1])
+
+
+def test_compile_covers_every_shipped_config(compiled):
+    assert set(SHIPPED_CONFIGS) >= {"default"} and SHIPPED_CONFIGS["default"] == DEFAULT_CONFIG
+    assert len(compiled) == len(COMPILE_CONFIGS) * len(COMPILE_SHAPES) * len(ktlx.OPS)
+
+
+@pytest.mark.parametrize("name", list(COMPILE_CONFIGS))
+@pytest.mark.parametrize("op", ktlx.OPS)
+@pytest.mark.parametrize("shape", COMPILE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_compile_sm90(compiled, name, op, shape):
+    cfg = COMPILE_CONFIGS[name]
+    M, N, K = shape
+    s = compiled[f"{name}/{op}/{M}x{N}x{K}"]
+    m, x = s["ptx_markers"], s["ptx_extra"]
+    assert m["wgmma"] > 0 and m["tma_load"] > 0 and m["mbarrier"] > 0 and m["setmaxnreg"] > 0, s
+    assert s["shared_bytes"] <= SMEM_LIMIT_BYTES and s["smem_ok"], s
+    # the estimate used by TilingConfig validation is an upper bound, and tight
+    assert s["shared_bytes"] <= s["smem_estimate"] <= s["shared_bytes"] + 4096, s
+    assert s["num_warps"] == cfg.num_warps_total == 4 + 4 * cfg.NUM_CONSUMERS, s
+    assert s["cluster_dims"] in ([], [1, 1, 1]), s
+    # one producer arms each stage with one arrive.expect_tx; consumers keep one wgmma group in flight
+    assert x["mbarrier_arrive_expect_tx"] == 1, s
+    assert x["wgmma_wait_1"] == cfg.NUM_CONSUMERS and x["wgmma_wait_0"] >= cfg.NUM_CONSUMERS, s
+    assert cfg.CONSUMER_REGS in x["setmaxnreg"], s
+    # the epilogue scales and stores the accumulator in its wgmma layout (rstd goes through a 256-byte smem
+    # round trip instead): an accumulator layout conversion would show up as ldmatrix
+    assert x["ldmatrix"] == 0, s
+    tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
+    assert s["grid"] == [min(ktlx.H200_NUM_SMS, tiles) if cfg.PERSISTENT else tiles], s
+    if op == "lazy_rmsnorm_matmul":
+        # the sum of squares reads the A tile from shared memory while the wgmma is in flight
+        assert x["ld_shared_v4"] > 0, s
+        assert x["ld_shared_during_wgmma"] >= x["ld_shared_v4"] > 0, s
+    else:
+        # the GEMM baseline is the same kernel without the norm: no vector shared loads at all
+        assert x["ld_shared_v4"] == 0 and x["ld_shared_during_wgmma"] == 0, s
+
+
+def test_fused_costs_little_shared_memory(compiled):
+    # fused = GEMM + the per-consumer rstd buffers (BLOCK_M fp32) and nothing else
+    for name, cfg in COMPILE_CONFIGS.items():
+        for (M, N, K) in COMPILE_SHAPES:
+            g = compiled[f"{name}/matmul/{M}x{N}x{K}"]["shared_bytes"]
+            f = compiled[f"{name}/lazy_rmsnorm_matmul/{M}x{N}x{K}"]["shared_bytes"]
+            assert 0 <= f - g <= cfg.BLOCK_M * 4 + 256, (name, g, f)
+
+
+# --------------------------------------------------------------------------------------------------------
+# 2. config and input validation
+# --------------------------------------------------------------------------------------------------------
+def test_config_defaults_and_roundtrip():
+    assert TilingConfig.from_dict(None) == DEFAULT_CONFIG == TilingConfig()
+    c = DEFAULT_CONFIG
+    assert (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K, c.GROUP_M, c.NUM_STAGES, c.NUM_CONSUMERS) == (128, 256, 64, 8, 3, 2)
+    assert c.PERSISTENT is True and c.EPILOGUE_SUBTILE is False and c.CONSUMER_REGS == 232
+    assert (c.rows_per_consumer, c.acc_regs_per_thread, c.num_warps_total) == (64, 128, 12)
+    assert TilingConfig.from_dict({}) == DEFAULT_CONFIG
+    assert TilingConfig.from_dict(DEFAULT_CONFIG) is DEFAULT_CONFIG
+    c2 = TilingConfig.from_dict({"BLOCK_N": 128, "NUM_STAGES": 4, "PERSISTENT": False})
+    assert (c2.BLOCK_N, c2.NUM_STAGES, c2.PERSISTENT, c2.BLOCK_M) == (128, 4, False, 128)
+    assert TilingConfig.from_dict(c2.to_dict()) == c2
+    for name, cfg in SHIPPED_CONFIGS.items():
+        assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name
+        assert cfg.smem_bytes() <= SMEM_LIMIT_BYTES, name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT_CONFIG.BLOCK_M = 64  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"BLOCK_MM": 64}, "valid keys"),
+    ({"block_m": 64}, "BLOCK_M"),  # the message lists the valid keys
+    ({"name": "default"}, "valid keys"),
+    ({"BLOCK_M": 96}, "power of 2"),
+    ({"BLOCK_N": 96}, "power of 2"),
+    ({"BLOCK_K": 48}, "power of 2"),
+    ({"BLOCK_N": 512}, "BLOCK_N"),
+    ({"BLOCK_N": 16}, "BLOCK_N"),
+    ({"BLOCK_K": 8}, "BLOCK_K"),
+    ({"BLOCK_K": 256}, "BLOCK_K"),
+    ({"BLOCK_M": 0}, "positive integer"),
+    ({"BLOCK_M": 128.0}, "integer"),
+    ({"BLOCK_M": True}, "integer"),
+    ({"NUM_STAGES": "3"}, "integer"),
+    ({"GROUP_M": 0}, "GROUP_M"),
+    ({"NUM_STAGES": 1}, "NUM_STAGES"),
+    ({"NUM_STAGES": 9}, "NUM_STAGES"),
+    ({"NUM_CONSUMERS": 4}, "NUM_CONSUMERS"),
+    ({"NUM_CONSUMERS": 3}, "power of 2"),
+    ({"BLOCK_M": 64}, "must be 64"),  # 2 consumers x 32 rows: below one wgmma
+    ({"BLOCK_M": 256}, "must be 64"),  # 128 rows per warpgroup: not offered
+    ({"BLOCK_M": 128, "NUM_CONSUMERS": 1}, "must be 64"),
+    ({"CONSUMER_REGS": 236}, "multiple of 8"),
+    ({"CONSUMER_REGS": 248}, "register file"),
+    ({"CONSUMER_REGS": 160}, "accumulator registers"),  # 64 x 256 fp32 = 128 regs/thread + 64
+    ({"NUM_STAGES": 4}, "shared memory"),  # 4 x 48 KB ring + 64 KB epilogue staging > 227 KB
+    ({"NUM_STAGES": 5, "EPILOGUE_SUBTILE": True}, "shared memory"),
+    ({"BLOCK_K": 128, "NUM_STAGES": 3}, "shared memory"),
+    ({"PERSISTENT": 1}, "bool"),
+    ({"EPILOGUE_SUBTILE": "yes"}, "bool"),
+])
+def test_config_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        TilingConfig.from_dict(bad)
+
+
+def test_config_type_errors():
+    with pytest.raises(TypeError):
+        TilingConfig.from_dict([("BLOCK_M", 64)])
+    with pytest.raises(TypeError):
+        TilingConfig.from_dict("default")
+    a = torch.randn(16, 16).half()
+    with pytest.raises(TypeError):
+        ktlx.matmul(a, a, config="default")
+
+
+def _ab(M=16, K=16, N=16, dtype=torch.bfloat16):
+    return torch.randn(M, K).to(dtype), torch.randn(K, N).to(dtype)
+
+
+@pytest.mark.parametrize("fn", ["matmul", "lazy_rmsnorm_matmul"])
+def test_input_errors(fn):
+    f = getattr(ktlx, fn)
+    a, b = _ab()
+    with pytest.raises(TypeError):  # mixed dtypes
+        f(a, b.float())
+    with pytest.raises(TypeError, match="bf16 and fp16"):  # fp32 is valid for the technique, not for this kernel
+        f(a.float(), b.float())
+    with pytest.raises(TypeError):  # unsupported dtype
+        f(a.to(torch.int32), b.to(torch.int32))
+    with pytest.raises(TypeError):  # not a tensor
+        f(a.float().numpy(), b)
+    with pytest.raises(ValueError):  # rank
+        f(a[None], b)
+    with pytest.raises(ValueError):  # inner dims differ
+        f(a, torch.randn(24, 16).bfloat16())
+    with pytest.raises(ValueError):  # non-contiguous
+        f(torch.randn(32, 16).bfloat16()[::2], b)
+    with pytest.raises(ValueError, match="multiple of 8"):  # K not a multiple of 8 (TMA 16-byte rows)
+        f(torch.randn(16, 12).bfloat16(), torch.randn(12, 16).bfloat16())
+    with pytest.raises(ValueError, match="multiple of 8"):  # N not a multiple of 8
+        f(a, torch.randn(16, 20).bfloat16())
+    with pytest.raises(ValueError, match="power of 2"):  # bad config through the public function
+        f(a, b, config={"BLOCK_M": 96})
+    with pytest.raises(ValueError, match="valid keys"):
+        f(a, b, config={"BLOCKM": 64})
+    with pytest.raises(ValueError, match="CUDA"):  # valid inputs, but CPU tensors (TLX has no interpreter)
+        f(a, b)
+
+
+def test_eps_errors():
+    a, b = _ab()
+    for eps in (0.0, -1e-6, float("nan"), float("inf"), "1e-6", None, True):
+        with pytest.raises(ValueError, match="eps"):
+            ktlx.lazy_rmsnorm_matmul(a, b, eps=eps)
+
+
+def test_compile_sm90_argument_errors():
+    # raised before anything is compiled, so no fake driver is needed
+    a, b = _ab()
+    with pytest.raises(ValueError, match="unknown op"):
+        ktlx.compile_sm90("rmsnorm", a, b)
+    with pytest.raises(TypeError, match="bf16 and fp16"):
+        ktlx.compile_sm90("matmul", a.float(), b.float())
+    # contiguous but misaligned view (base 2 bytes off): TMA descriptors need 16-byte aligned bases
+    flat = torch.empty(16 * 16 + 1, dtype=torch.bfloat16)
+    a_mis = flat[1:].view(16, 16)
+    assert a_mis.is_contiguous() and a_mis.data_ptr() % 16
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        ktlx.compile_sm90("matmul", a_mis, b)
+    with pytest.raises(ValueError, match="eps"):
+        ktlx.compile_sm90("lazy_rmsnorm_matmul", a, b, eps=0.0)
+    with pytest.raises(ValueError, match="shared memory"):
+        ktlx.compile_sm90("matmul", a, b, config={"NUM_STAGES": 6})
+
+
+def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
+    """Run the GPU self-check script (``python -m kernels_tlx.lazy_prenorm``) end to end on the CPU with torch
+    stand-ins for the kernels, so that a Python error in it cannot waste GPU time. One stand-in is wrong on
+    purpose for one config: the script must report it and exit 1."""
+    import triton.testing
+
+    def fake_matmul(a, b, *, config=None):
+        return (a.float() @ b.float()).to(a.dtype)
+
+    def fake_fused(a, b, *, eps=1e-6, config=None):
+        from normfuse.techniques import lazy_prenorm as T
+
+        out = (T.rstd(a, eps)[:, None] * (a.float() @ b.float())).to(a.dtype)
+        return out * 2 if config is SHIPPED_CONFIGS["nonpersistent"] else out  # deliberately wrong once
+
+    monkeypatch.setattr(ktlx, "_DEVICE", "cpu")
+    monkeypatch.setattr(ktlx, "_CHECK_SHAPES", [(1, 24, 40), (70, 48, 16)])
+    monkeypatch.setattr(ktlx, "_BENCH_SHAPES", [(64, 32, 32)])
+    monkeypatch.setattr(ktlx, "matmul", fake_matmul)
+    monkeypatch.setattr(ktlx, "lazy_rmsnorm_matmul", fake_fused)
+    monkeypatch.setattr(ktlx, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake")
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **k: (fn(), 1.0)[1])
+    rc = ktlx._self_check(["--hang-timeout", "60"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    n_runs = len(SHIPPED_CONFIGS) * 2 * 2
+    assert out.count("[run ]") == n_runs and out.count(" ok  ") == n_runs - 2, out
+    assert "2 FAILURE(S): nonpersistent lazy_rmsnorm_matmul" in out, out
+    assert out.count(" TFLOP/s\n") == 1 + 2 * len(SHIPPED_CONFIGS) and "hidden" in out and "GB/s" in out, out
+    assert ktlx._self_check(["--config", "default", "--no-bench"]) == 0
+
+
+# --------------------------------------------------------------------------------------------------------
+# 3. GPU correctness of every shipped config (needs an sm_90 GPU and fbtriton)
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(SHIPPED_CONFIGS))
+def test_shipped_configs_correct_on_gpu(name):
+    from normfuse.gpu_checks import ODD_SHAPES
+    from normfuse.worker import measure
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TLX kernel targets sm_90 (wgmma, setmaxnreg)")
+    cfg = SHIPPED_CONFIGS[name].to_dict()
+    failures = []
+    for impl in ("gemm", "fused"):
+        for seed, (M, N, K) in enumerate(ODD_SHAPES):
+            req = {"technique": "lazy_prenorm", "dsl": "tlx", "impl": impl, "M": M, "N": N, "K": K,
+                   "dtype": "bf16", "eps": 1e-6, "config": cfg, "mode": "gpu", "seed": 1000 + seed,
+                   "check_only": True}
+            r = measure(req)
+            if r["status"] != "ok":
+                failures.append(f"{name}/{impl} at {M}x{N}x{K}: {r['status']} {r.get('error', '')}")
+    assert not failures, "\n".join(failures)
