@@ -52,6 +52,7 @@ def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: 
         ax.set_xlabel("N")
         ax.set_ylabel("K")
     fig.suptitle(f"{title}: % of norm latency hidden" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
     return _save(fig, out_dir, "hidden_heatmap")
 
 

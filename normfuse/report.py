@@ -22,7 +22,7 @@ def _subtitle(df: pd.DataFrame, meta: dict) -> str:
     hw = meta.get("hardware_before") or {}
     gpu = hw.get("gpu_name", "?")
     pl = hw.get("power_limit_w")
-    return f"{gpu}" + (f" @ {pl:.0f} W" if pl else "") + f", M = {sorted(df['M'].unique())}, bf16, p50 of do_bench"
+    return f"{gpu}" + (f" @ {pl:.0f} W" if pl else "") + f", M = {', '.join(str(int(m)) for m in sorted(df['M'].unique()))}, bf16, p50 of do_bench"
 
 
 def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[Path]:

@@ -158,3 +158,27 @@ def test_hardware_compare_warns_and_strict():
     with pytest.warns(UserWarning, match="no GPU"):
         assert hardware.compare(cfg, {"available": False})
     assert math.isfinite(len(hardware.read_gpu()))
+
+
+def test_gpu_plots_and_summary_render(tmp_path):
+    """The GPU-mode figures and the summary table render from tidy rows (synthetic timings)."""
+    from normfuse import report
+
+    rows = []
+    for K in (512, 1024):
+        for N in (512, 1024):
+            base = {"technique": "lazy_prenorm", "variant": "rmsnorm", "M": 262144, "N": N, "K": K, "dtype": "bf16",
+                    "status": "ok", "experiment": "x", "config_name": "c", "error": None}
+            rows += [{**base, "dsl": "torch", "impl": "cublas", "p50_ms": 1.0},
+                     {**base, "dsl": "torch", "impl": "torch_compile_norm", "p50_ms": 0.3}]
+            for i, d in enumerate(("triton", "helion", "tlx")):
+                rows += [{**base, "dsl": d, "impl": "gemm", "p50_ms": 1.1},
+                         {**base, "dsl": d, "impl": "fused", "p50_ms": 1.15 + 0.05 * i}]
+    df = metrics.add_hidden(metrics.add_rates(pd.DataFrame(rows)))
+    paths = report.make_plots(df, tmp_path, "gpu", {"hardware_before": {"gpu_name": "NVIDIA H200",
+                                                                        "power_limit_w": 700.0}})
+    assert {p.name for p in paths} == {"hidden_heatmap.png", "hidden_heatmap.pdf", "hidden_bars.png",
+                                       "hidden_bars.pdf"}
+    assert all(p.stat().st_size > 1000 for p in paths)
+    text = report.summary(df, "gpu")
+    assert "blog B200 %" in text and "83.9" in text and "83.3" in text  # (1.1 + 0.3 - 1.15) / 0.3
