@@ -44,6 +44,20 @@ Barrier protocol (``NUM_STAGES`` ring slots, one global K-step counter ``it`` pe
   (b) its sum-of-squares ``local_load`` has returned (program order + the ``bar.sync`` before the arrive).
   With ``async_dot_wait(1)`` a consumer holds at most two slots, so ``NUM_STAGES >= 2`` is required.
 
+Tile schedule. Default: CTA ``p`` takes tiles ``p, p + G, p + 2G, ...`` (G = grid size) in the grouped
+(``GROUP_M``) order, and every tile computes its own sum of squares -- ``cdiv(N, BLOCK_N)``-fold redundant
+work. ``REUSE_RSTD`` ("reuse rstd across N", Meta's ``REUSE_RMSNORM_ACROSS_N``): the row-major (m-major)
+tile order is cut into G contiguous chunks (sizes differ by at most 1), so a CTA walks the N-tiles of an
+M-tile back to back. The consumers compute the sum of squares (the ``local_load`` + row sum, under a runtime
+branch that is uniform over the CTA) and store rstd into their ``rstd_bufs`` slot only on the tile that
+starts a run of one M-tile -- ``pid_n == 0`` or the CTA's first tile, since a chunk may begin inside an M-tile
+-- and the following N-tiles of that M-tile read that stored rstd back (the slot is private to the consumer;
+the warpgroup ``bar.sync`` around the store orders it against the earlier and later reads). The A tiles of
+the current M-tile are re-read (from L2) for every N-tile, as before. Both tasks take their tile loop from the
+same ``_tile_range`` / ``_tile_coords`` helpers, so the (tile, k) sequences -- and with them the barrier
+phases below -- stay identical; the ring protocol itself is unchanged (a skipped ``local_load`` only removes
+one of the two conditions for releasing a slot).
+
 The fused sum of squares avoids Triton's software pipeliner entirely (``num_stages=1``; the ring is explicit),
 so it is not exposed to the "one tile feeds both tl.dot and a row reduction" miscompile
 (triton-lang/triton#6691, dsl-primer blocker 1).
@@ -101,6 +115,14 @@ class TilingConfig:
             epilogue staging buffer in shared memory (frees room for one more stage at BLOCK_N = 256).
         CONSUMER_REGS: ``setmaxnreg`` register count per consumer thread (multiple of 8); the producer gets
             what is left of the 64 K register file.
+        REUSE_RSTD: "reuse rstd across N" (Meta's ``REUSE_RMSNORM_ACROSS_N``). Each CTA walks one contiguous
+            chunk of the row-major (m-major) tile order, i.e. all N-tiles of an M-tile back to back, and the
+            consumers compute the sum of squares only on the first tile of each M-tile run (``pid_n == 0``
+            or the CTA's first tile), keeping rstd in their shared rstd buffer for the following N-tiles.
+            Removes the ``cdiv(N, BLOCK_N)``-fold redundant norm work; GROUP_M is ignored. Needs PERSISTENT.
+            Meant for a small, L2-resident B (K * N * itemsize of a few MB): at large N the concurrent CTAs
+            sweep all of B instead of sharing B column-tiles. Also changes the GEMM's (``matmul``) tile order,
+            so fused - gemm still isolates the norm cost. Default False (grouped order, norm on every tile).
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -114,6 +136,7 @@ class TilingConfig:
     PERSISTENT: bool = True
     EPILOGUE_SUBTILE: bool = False
     CONSUMER_REGS: int = 232
+    REUSE_RSTD: bool = False
 
     def __post_init__(self):
         errors = []
@@ -153,6 +176,8 @@ class TilingConfig:
                 errors.append(f"accumulator registers: {self.rows_per_consumer}x{self.BLOCK_N} fp32 per warpgroup = "
                               f"{self.acc_regs_per_thread} regs/thread, needs CONSUMER_REGS >= "
                               f"{self.acc_regs_per_thread + 64} (64 for addresses, the A slice and the norm)")
+        if self.REUSE_RSTD and not self.PERSISTENT:
+            errors.append("REUSE_RSTD=True needs PERSISTENT=True (rstd is reused across the N-tiles one CTA walks)")
         if not errors and self.smem_bytes() > SMEM_LIMIT_BYTES:
             errors.append(f"shared memory: estimated {self.smem_bytes()} B > {SMEM_LIMIT_BYTES} B (227 KB) "
                           f"for NUM_STAGES={self.NUM_STAGES}, tile {self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}, "
@@ -213,12 +238,15 @@ DEFAULT_CONFIG = TilingConfig()
 # Every config we ship is compile-checked for sm_90 in tests/tlx and GPU-checked by `python -m
 # kernels_tlx.lazy_prenorm`. "nonpersistent" runs each tile in its own CTA (isolates the cross-tile phase
 # bookkeeping); "bn128_s4" halves the accumulator and deepens the ring; "s4_subtile" keeps BLOCK_N=256 with
-# 4 stages by halving the epilogue staging buffer.
+# 4 stages by halving the epilogue staging buffer; "reuse_rstd*" walk all N-tiles of an M-tile in one CTA and
+# compute the sum of squares once per M-tile (see TilingConfig.REUSE_RSTD).
 SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "default": DEFAULT_CONFIG,
     "nonpersistent": TilingConfig(PERSISTENT=False),
     "bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4),
     "s4_subtile": TilingConfig(NUM_STAGES=4, EPILOGUE_SUBTILE=True),
+    "reuse_rstd": TilingConfig(REUSE_RSTD=True),
+    "reuse_rstd_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, REUSE_RSTD=True),
 }
 
 
@@ -226,15 +254,50 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
 # Kernel
 # ------------------------------------------------------------------------------------------------------------
 @triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Grouped tile order: GROUP_M row-tiles are swept together along N (A row-tiles and B stay in L2)."""
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
+def _tile_range(num_tiles, REUSE_RSTD: tl.constexpr):
+    """This CTA's tile loop ``range(first, last, step)``; the producer and the consumers call it identically.
+
+    Default: tiles ``pid, pid + G, pid + 2G, ...`` (G = grid size). REUSE_RSTD: the contiguous chunk
+    ``[first, last)`` of ``num_tiles`` split into G near-equal parts (sizes differ by at most 1; every CTA gets
+    at least one tile since G <= num_tiles), so that one CTA visits the N-tiles of an M-tile consecutively."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    if REUSE_RSTD:
+        per_cta = num_tiles // nprog
+        extra = num_tiles % nprog  # the first `extra` CTAs take one more tile
+        first = pid * per_cta + tl.minimum(pid, extra)
+        last = first + per_cta + tl.where(pid < extra, 1, 0)
+        step = 1
+    else:
+        first = pid
+        last = num_tiles
+        step = nprog
+    return first, last, step
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr, REUSE_RSTD: tl.constexpr):
+    """Tile id -> (pid_m, pid_n). Default: grouped order, GROUP_M row-tiles are swept together along N (A
+    row-tiles and B stay in L2). REUSE_RSTD: row-major (m-major) order, all N-tiles of an M-tile in a row."""
+    if REUSE_RSTD:
+        pid_m = tile_id // num_pid_n
+        pid_n = tile_id - pid_m * num_pid_n
+    else:
+        num_pid_in_group = GROUP_M * num_pid_n
+        group_id = tile_id // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+        pid_n = (tile_id % num_pid_in_group) // group_size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def _starts_row_run(tile_id, first_tile, pid_n):
+    """REUSE_RSTD: True on the tiles whose consumers compute the sum of squares and store rstd -- the first
+    N-tile of an M-tile (pid_n == 0) and the CTA's first tile (its chunk may start inside an M-tile). Every other
+    tile directly follows, in the same CTA, the tile (pid_m, pid_n - 1), whose rstd is still in rstd_bufs."""
+    return (pid_n == 0) | (tile_id == first_tile)
 
 
 @triton.jit
@@ -254,6 +317,7 @@ def _lazy_prenorm_ws_kernel(
     NUM_CONSUMERS: tl.constexpr,
     CONSUMER_REGS: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
+    REUSE_RSTD: tl.constexpr,
     FUSE_RMSNORM: tl.constexpr,
 ):
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup
@@ -276,8 +340,9 @@ def _lazy_prenorm_ws_kernel(
             num_tiles = num_pid_m * num_pid_n
             k_tiles = tl.cdiv(K, BLOCK_K)
             it = 0
-            for tile_id in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-                pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            first_tile, last_tile, tile_step = _tile_range(num_tiles, REUSE_RSTD)
+            for tile_id in range(first_tile, last_tile, tile_step):
+                pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M, REUSE_RSTD)
                 off_m = pid_m * BLOCK_M
                 off_n = pid_n * BLOCK_N
                 for ki in range(0, k_tiles):
@@ -302,8 +367,13 @@ def _lazy_prenorm_ws_kernel(
             num_tiles = num_pid_m * num_pid_n
             k_tiles = tl.cdiv(K, BLOCK_K)
             it = 0
-            for tile_id in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-                pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            # same (tile, k) sequence as the producer: the barrier phases depend on it
+            first_tile, last_tile, tile_step = _tile_range(num_tiles, REUSE_RSTD)
+            for tile_id in range(first_tile, last_tile, tile_step):
+                pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M, REUSE_RSTD)
+                if REUSE_RSTD:
+                    # warp-uniform: every thread of both consumers takes the same branches below
+                    new_row = _starts_row_run(tile_id, first_tile, pid_n)
                 off_cm = pid_m * BLOCK_M + cid * BM_C
                 off_n = pid_n * BLOCK_N
                 acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
@@ -317,8 +387,13 @@ def _lazy_prenorm_ws_kernel(
                     acc = tlx.async_dot(a_tile, b_bufs[s], acc)
                     if FUSE_RMSNORM:
                         # Runs while the wgmma above is in flight; TMA zero-fills out-of-bounds K columns.
-                        x = tlx.local_load(a_tile).to(tl.float32)
-                        ss += tl.sum(x * x, axis=1)
+                        if REUSE_RSTD:
+                            if new_row:  # later N-tiles of this M-tile reuse the stored rstd
+                                x = tlx.local_load(a_tile).to(tl.float32)
+                                ss += tl.sum(x * x, axis=1)
+                        else:
+                            x = tlx.local_load(a_tile).to(tl.float32)
+                            ss += tl.sum(x * x, axis=1)
                     acc = tlx.async_dot_wait(1, acc)  # the previous wgmma has retired: release its slot
                     if ki > 0:
                         tlx.barrier_arrive(empty_bars[s_prev])
@@ -328,9 +403,12 @@ def _lazy_prenorm_ws_kernel(
                 tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
 
                 if FUSE_RMSNORM:
-                    rstd = tl.math.rsqrt(ss / K + eps)
-                    rstd_buf = rstd_bufs[cid]
-                    tlx.local_store(rstd_buf, rstd)
+                    rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD it outlives the tile
+                    if REUSE_RSTD:
+                        if new_row:  # else: rstd of this M-tile, stored by this consumer at an earlier tile
+                            tlx.local_store(rstd_buf, tl.math.rsqrt(ss / K + eps))
+                    else:
+                        tlx.local_store(rstd_buf, tl.math.rsqrt(ss / K + eps))
                     rstd_rows = tlx.local_load(rstd_buf)
                     acc = acc * rstd_rows[:, None]
                 if off_cm < M:  # rows past M (the last row-tile) are clipped by TMA; wholly-OOB slices skip it
@@ -393,6 +471,7 @@ def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int):
         NUM_CONSUMERS=cfg.NUM_CONSUMERS,
         CONSUMER_REGS=cfg.CONSUMER_REGS,
         EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE,
+        REUSE_RSTD=cfg.REUSE_RSTD,
         FUSE_RMSNORM=fuse,
         num_warps=_PRODUCER_WARPS,  # the default (producer) task; consumers add 4 warps each
         num_stages=1,  # no compiler pipelining: the ring above is explicit
@@ -462,13 +541,22 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
 
 def _ptx_extras(ptx: str) -> dict:
     """Extra PTX facts: shared loads issued between a wgmma commit and the next wgmma wait (the sum of
-    squares overlapping the MMA), ``wait_group`` counts, setmaxnreg values, ``ldmatrix`` (layout conversions)."""
+    squares overlapping the MMA), wgmma commits directly followed by a predicated branch (REUSE_RSTD skipping
+    the sum of squares), ``wait_group`` counts, setmaxnreg values, ``ldmatrix`` (layout conversions)."""
     in_flight = 0
     pending = False
+    branch_after_commit = 0
+    after_commit = False
     for line in ptx.splitlines():
         s = line.strip()
+        if not s or s.startswith("//") or s.startswith(".loc") or re.match(r"^\$L__tmp\d+:$", s):
+            continue  # comments, debug line info and debug labels
+        if after_commit and re.match(r"^@!?%p\d+ bra", s):
+            branch_after_commit += 1
+        after_commit = False
         if s.startswith("wgmma.commit_group"):
             pending = True
+            after_commit = True
         elif s.startswith("wgmma.wait_group"):
             pending = False
         elif pending and s.startswith("ld.shared"):
@@ -476,6 +564,7 @@ def _ptx_extras(ptx: str) -> dict:
     return {
         "ld_shared_v4": len(re.findall(r"\bld\.shared\.v4\.", ptx)),
         "ld_shared_during_wgmma": in_flight,
+        "branch_after_wgmma_commit": branch_after_commit,
         "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)),
         "wgmma_wait_0": len(re.findall(r"wgmma\.wait_group\.sync\.aligned 0;", ptx)),
         "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
@@ -529,12 +618,16 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
 # GPU self-check: python -m kernels_tlx.lazy_prenorm [--quick] [--config NAME ...]
 # ------------------------------------------------------------------------------------------------------------
 _CHECK_SHAPES = [  # (M, N, K): a block-aligned shape first, then partial/empty tiles, then the blog shape
-    (4096, 4096, 4096),
+    (4096, 4096, 4096),  # REUSE_RSTD: chunks of 3-4 (BLOCK_N=256) or 7-8 tiles, most starting inside an M-tile
     (1000, 1000, 1000),  # partial M, N and K tiles
     (257, 520, 1000),  # last row-tile: consumer 0 partly in bounds, consumer 1's A box entirely out of bounds
     (1000, 264, 72),  # K = 1 full + 1 partial K step
     (129, 264, 8),  # K < BLOCK_K: a single, mostly zero-filled K step
     (1, 1000, 1000),  # M = 1 (specialized by Triton); consumer 1 entirely out of bounds
+    # REUSE_RSTD with every tail: 140 M-tiles (the last one holds 1 row: consumer 1 wholly out of bounds) x 4 or
+    # 8 N-tiles (the last one partial), K tail; the CTA owning the last M-tile walks all of its N-tiles on one
+    # rstd, and other chunks start inside an M-tile (checked on CPU in tests/tlx)
+    (17793, 1000, 1000),
     (262144, 1024, 1024),  # blog benchmark shape, persistent loop of 62 tiles per CTA
 ]
 _BENCH_SHAPES = [(262144, 1024, 1024), (8192, 8192, 8192)]
@@ -597,7 +690,7 @@ def _self_check(argv=None) -> int:
                                      ("lazy_rmsnorm_matmul",
                                       lambda: lazy_rmsnorm_matmul(a, bf, eps=eps, config=cfg), ref_f, tol_f)):
                 torch.full((M, N), float("nan"), dtype=a.dtype, device=_DEVICE)  # poison the allocator's block
-                print(f"[run ] {name:14s} {op:20s} M={M} N={N} K={K} ...", end=" ", flush=True)
+                print(f"[run ] {name:19s} {op:20s} M={M} N={N} K={K} ...", end=" ", flush=True)
                 t0 = time.perf_counter()
                 out = guarded(fn)
                 res = _spec.compare(out, ref, tol)

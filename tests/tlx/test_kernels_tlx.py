@@ -5,7 +5,12 @@
    mbarrier and setmaxnreg in the PTX, shared memory within 227 KB (and close to ``TilingConfig.smem_bytes``),
    the warp count, the ``async_dot_wait(1)`` pipelining, no accumulator layout conversion (no ldmatrix), and
    -- for the fused op only -- shared-memory loads of the A tile issued between the wgmma commit and its wait
-   (the sum of squares overlapping the MMA). Subprocess: the fake driver is process-global.
+   (the sum of squares overlapping the MMA); with REUSE_RSTD, the sum of squares sits behind a branch right
+   after the wgmma commit. Subprocess: the fake driver is process-global.
+1b. The tile schedule (``_tile_range``, ``_tile_coords``, ``_starts_row_run``: the very helpers both the
+   producer and the consumers call) run under ``TRITON_INTERPRET=1`` in a plain Triton probe kernel: every tile
+   exactly once, and with REUSE_RSTD the sum of squares is computed exactly on the first tile of every run of
+   one M-tile within a CTA (so each reused rstd was stored by the same consumer for the same M-tile).
 2. Config validation and input validation (in-process; raised before anything is compiled or launched).
 3. GPU (marker ``gpu``, skipped without CUDA): every shipped config through the sweep worker's check.
 
@@ -40,11 +45,14 @@ from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
 COMPILE_SHAPES = [(262144, 1024, 1024), (1, 1000, 1000)]  # (M, N, K)
 
 
-def _run_python(code: str, *argv: str, timeout: int = 170) -> str:
-    """Run ``code`` in a fresh interpreter at the repo root; return stdout, fail the test with stderr on error."""
+def _run_python(code: str, *argv: str, timeout: int = 170, interpret: bool = False) -> str:
+    """Run ``code`` in a fresh interpreter at the repo root; return stdout, fail the test with stderr on error.
+    ``interpret``: run with ``TRITON_INTERPRET=1`` (plain ``tl`` code only; TLX ops do not interpret)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
@@ -113,9 +121,29 @@ def test_compile_sm90(compiled, name, op, shape):
         # the sum of squares reads the A tile from shared memory while the wgmma is in flight
         assert x["ld_shared_v4"] > 0, s
         assert x["ld_shared_during_wgmma"] >= x["ld_shared_v4"] > 0, s
+        # REUSE_RSTD: each consumer skips it (a branch right after its wgmma commit) on the reused N-tiles
+        assert x["branch_after_wgmma_commit"] == (cfg.NUM_CONSUMERS if cfg.REUSE_RSTD else 0), s
     else:
         # the GEMM baseline is the same kernel without the norm: no vector shared loads at all
         assert x["ld_shared_v4"] == 0 and x["ld_shared_during_wgmma"] == 0, s
+        assert x["branch_after_wgmma_commit"] == 0, s
+
+
+def test_reuse_rstd_keeps_the_kernel_shape(compiled):
+    # REUSE_RSTD changes the tile order and skips work; it allocates nothing and keeps the sum of squares code
+    for name, cfg in COMPILE_CONFIGS.items():
+        if not cfg.REUSE_RSTD:
+            continue
+        base = dataclasses.replace(cfg, REUSE_RSTD=False)
+        twins = [n for n, c in COMPILE_CONFIGS.items() if c == base]
+        assert twins, f"{name}: no shipped twin without REUSE_RSTD to compare with"
+        for (M, N, K) in COMPILE_SHAPES:
+            for op in ktlx.OPS:
+                r = compiled[f"{name}/{op}/{M}x{N}x{K}"]
+                b = compiled[f"{twins[0]}/{op}/{M}x{N}x{K}"]
+                assert r["shared_bytes"] == b["shared_bytes"], (name, op, r, b)
+                assert r["ptx_extra"]["ld_shared_v4"] == b["ptx_extra"]["ld_shared_v4"], (name, op, r, b)
+                assert r["grid"] == b["grid"], (name, op, r, b)
 
 
 def test_fused_costs_little_shared_memory(compiled):
@@ -128,6 +156,115 @@ def test_fused_costs_little_shared_memory(compiled):
 
 
 # --------------------------------------------------------------------------------------------------------
+# 1b. the tile schedule, run by the Triton interpreter
+# --------------------------------------------------------------------------------------------------------
+_SCHEDULE_SCRIPT = r"""
+import json, sys, torch, triton, triton.language as tl
+from kernels_tlx.lazy_prenorm import TilingConfig, _launch_args, _starts_row_run, _tile_coords, _tile_range
+
+@triton.jit
+def probe(out_ptr, M, N, max_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+          REUSE_RSTD: tl.constexpr):
+    # the kernel's tile loop, verbatim (producer and consumers), recording what each iteration works on
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    first_tile, last_tile, tile_step = _tile_range(num_tiles, REUSE_RSTD)
+    row = out_ptr + tl.program_id(0) * max_tiles * 4
+    j = 0
+    for tile_id in range(first_tile, last_tile, tile_step):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M, REUSE_RSTD)
+        new_row = _starts_row_run(tile_id, first_tile, pid_n)
+        tl.store(row + j * 4 + 0, tile_id)
+        tl.store(row + j * 4 + 1, pid_m)
+        tl.store(row + j * 4 + 2, pid_n)
+        tl.store(row + j * 4 + 3, new_row.to(tl.int32))
+        j += 1
+
+out = {}
+for key, cfg, (M, N) in json.loads(sys.argv[1]):
+    cfg = TilingConfig.from_dict(cfg)
+    a = torch.empty(M, 64, dtype=torch.bfloat16)
+    b = torch.empty(64, N, dtype=torch.bfloat16)
+    c = torch.empty(M, N, dtype=torch.bfloat16)
+    _, grid, _ = _launch_args(a, b, c, 1e-6, True, cfg, 132)  # the host's grid for an H200
+    num_tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
+    max_tiles = num_tiles // grid[0] + 2
+    res = torch.full((grid[0], max_tiles, 4), -1, dtype=torch.int32)
+    probe[grid](res, M, N, max_tiles, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M,
+                REUSE_RSTD=cfg.REUSE_RSTD)
+    out[key] = {"grid": grid[0], "runs": [[t for t in r if t[0] >= 0] for r in res.tolist()]}
+print(json.dumps(out))
+"""
+# (M, N): single tile, M/N tails with fewer tiles than SMs, chunks starting inside an M-tile, and the GPU
+# self-check's REUSE_RSTD tail shape (17793 = 139 * 128 + 1)
+_SCHEDULE_SHAPES = [(1, 1000), (257, 520), (1000, 1000), (4096, 2048), (17793, 1000)]
+_SCHEDULE_CONFIGS = {n: c for n, c in SHIPPED_CONFIGS.items() if c.REUSE_RSTD or n in ("default", "bn128_s4")}
+
+
+def _grouped_coords(t, num_pid_m, num_pid_n, group_m):
+    """The default (grouped) order, written independently of the kernel."""
+    per_group = group_m * num_pid_n
+    first_m = (t // per_group) * group_m
+    size_m = min(num_pid_m - first_m, group_m)
+    return first_m + (t % per_group) % size_m, (t % per_group) // size_m
+
+
+@pytest.fixture(scope="module")
+def schedules() -> dict:
+    jobs = [[f"{name}/{M}x{N}", cfg.to_dict(), [M, N]] for name, cfg in _SCHEDULE_CONFIGS.items()
+            for (M, N) in _SCHEDULE_SHAPES]
+    return json.loads(_run_python(_SCHEDULE_SCRIPT, json.dumps(jobs), interpret=True).strip().splitlines()[-1])
+
+
+def test_schedule_configs_present():
+    assert {"reuse_rstd", "reuse_rstd_bn128_s4"} <= set(_SCHEDULE_CONFIGS)
+    assert all(_SCHEDULE_CONFIGS[n].REUSE_RSTD for n in ("reuse_rstd", "reuse_rstd_bn128_s4"))
+
+
+@pytest.mark.parametrize("name", list(_SCHEDULE_CONFIGS))
+@pytest.mark.parametrize("shape", _SCHEDULE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_tile_schedule(schedules, name, shape):
+    cfg = _SCHEDULE_CONFIGS[name]
+    M, N = shape
+    r = schedules[f"{name}/{M}x{N}"]
+    num_pid_m, num_pid_n = -(-M // cfg.BLOCK_M), -(-N // cfg.BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    runs = r["runs"]
+    assert r["grid"] == len(runs) == min(ktlx.H200_NUM_SMS, num_tiles)
+    assert all(runs), "a CTA without tiles"
+    # every output tile exactly once, over all CTAs
+    assert sorted(t[0] for run in runs for t in run) == list(range(num_tiles))
+    assert sorted((t[1], t[2]) for run in runs for t in run) == [(m, n) for m in range(num_pid_m)
+                                                                 for n in range(num_pid_n)]
+    if not cfg.REUSE_RSTD:
+        for run in runs:
+            for tid, pm, pn, _ in run:
+                assert (pm, pn) == _grouped_coords(tid, num_pid_m, num_pid_n, cfg.GROUP_M)
+        return
+    sizes = [len(run) for run in runs]
+    assert max(sizes) - min(sizes) <= 1, sizes  # balanced chunks
+    for run in runs:
+        for j, (tid, pm, pn, new_row) in enumerate(run):
+            assert (pm, pn) == divmod(tid, num_pid_n)  # m-major
+            if j:
+                assert tid == run[j - 1][0] + 1  # contiguous chunk
+            # the sum of squares is computed exactly when this tile starts a run of its M-tile in this CTA;
+            # otherwise the previous tile of this CTA was the same M-tile (the stored rstd is this row-tile's)
+            starts = j == 0 or run[j - 1][1] != pm
+            assert new_row == int(starts), (j, run[max(0, j - 1):j + 1])
+            if not new_row:
+                assert run[j - 1][1] == pm and run[j - 1][2] == pn - 1
+    if (M, N) == (17793, 1000):
+        # the GPU self-check shape really exercises reuse at every tail: the last M-tile (1 row) and the last,
+        # partial N-tile reuse an rstd, and some chunks start inside an M-tile
+        last = [t for run in runs for t in run if t[1] == num_pid_m - 1]
+        assert len(last) == num_pid_n and sum(t[3] for t in last) == 1, last
+        assert any(run[0][2] != 0 for run in runs)
+        assert N % cfg.BLOCK_N and M % cfg.BLOCK_M <= cfg.rows_per_consumer
+
+
+# --------------------------------------------------------------------------------------------------------
 # 2. config and input validation
 # --------------------------------------------------------------------------------------------------------
 def test_config_defaults_and_roundtrip():
@@ -135,6 +272,7 @@ def test_config_defaults_and_roundtrip():
     c = DEFAULT_CONFIG
     assert (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K, c.GROUP_M, c.NUM_STAGES, c.NUM_CONSUMERS) == (128, 256, 64, 8, 3, 2)
     assert c.PERSISTENT is True and c.EPILOGUE_SUBTILE is False and c.CONSUMER_REGS == 232
+    assert c.REUSE_RSTD is False
     assert (c.rows_per_consumer, c.acc_regs_per_thread, c.num_warps_total) == (64, 128, 12)
     assert TilingConfig.from_dict({}) == DEFAULT_CONFIG
     assert TilingConfig.from_dict(DEFAULT_CONFIG) is DEFAULT_CONFIG
@@ -144,6 +282,10 @@ def test_config_defaults_and_roundtrip():
     for name, cfg in SHIPPED_CONFIGS.items():
         assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name
         assert cfg.smem_bytes() <= SMEM_LIMIT_BYTES, name
+    # the REUSE_RSTD configs: the default / bn128_s4 tiles with the M-tile-major schedule
+    assert SHIPPED_CONFIGS["reuse_rstd"] == dataclasses.replace(DEFAULT_CONFIG, REUSE_RSTD=True)
+    assert SHIPPED_CONFIGS["reuse_rstd_bn128_s4"] == dataclasses.replace(SHIPPED_CONFIGS["bn128_s4"], REUSE_RSTD=True)
+    assert TilingConfig.from_dict({"REUSE_RSTD": True}) == SHIPPED_CONFIGS["reuse_rstd"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         DEFAULT_CONFIG.BLOCK_M = 64  # type: ignore[misc]
 
@@ -179,6 +321,8 @@ def test_config_defaults_and_roundtrip():
     ({"BLOCK_K": 128, "NUM_STAGES": 3}, "shared memory"),
     ({"PERSISTENT": 1}, "bool"),
     ({"EPILOGUE_SUBTILE": "yes"}, "bool"),
+    ({"REUSE_RSTD": 1}, "bool"),
+    ({"REUSE_RSTD": True, "PERSISTENT": False}, "needs PERSISTENT"),
 ])
 def test_config_errors(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -287,6 +431,10 @@ def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
     assert out.count("[run ]") == n_runs and out.count(" ok  ") == n_runs - 2, out
     assert "2 FAILURE(S): nonpersistent lazy_rmsnorm_matmul" in out, out
     assert out.count(" TFLOP/s\n") == 1 + 2 * len(SHIPPED_CONFIGS) and "hidden" in out and "GB/s" in out, out
+    for name in ("reuse_rstd", "reuse_rstd_bn128_s4"):  # the REUSE_RSTD configs are checked and timed too
+        assert out.count(f"[run ] {name} ") == 2 * 2, out
+        assert f"tlx fused  [{name}]" in out and f"tlx matmul [{name}]" in out, out
+    assert ktlx._self_check(["--config", "reuse_rstd", "--config", "reuse_rstd_bn128_s4", "--no-bench"]) == 0
     assert ktlx._self_check(["--config", "default", "--no-bench"]) == 0
 
 
@@ -304,8 +452,10 @@ def test_shipped_configs_correct_on_gpu(name):
         pytest.skip("the TLX kernel targets sm_90 (wgmma, setmaxnreg)")
     cfg = SHIPPED_CONFIGS[name].to_dict()
     failures = []
+    # + the REUSE_RSTD tail shape (ODD_SHAPES have <= 132 tiles: one tile per CTA, so no rstd is ever reused)
+    shapes = list(ODD_SHAPES) + [(17793, 1000, 1000)]
     for impl in ("gemm", "fused"):
-        for seed, (M, N, K) in enumerate(ODD_SHAPES):
+        for seed, (M, N, K) in enumerate(shapes):
             req = {"technique": "lazy_prenorm", "dsl": "tlx", "impl": impl, "M": M, "N": N, "K": K,
                    "dtype": "bf16", "eps": 1e-6, "config": cfg, "mode": "gpu", "seed": 1000 + seed,
                    "check_only": True}
