@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "tiling"
-# (M, N, K): M = 1, K and N not multiples of any block, and a block-aligned shape
-ODD_SHAPES = [(1, 1000, 1000), (257, 520, 1000), (1000, 264, 72), (4096, 1024, 512)]
+# (M, N, K): M = 1, K and N not multiples of any block, a block-aligned shape, and more tiles than SMs
+# with M, N and K tails (persistent kernels then reuse per-CTA state across tiles)
+ODD_SHAPES = [(1, 1000, 1000), (257, 520, 1000), (1000, 264, 72), (4096, 1024, 512), (17793, 1000, 1000)]
 SHIPPED_TILINGS = ("lazy_prenorm_h200.yaml",)
 
 
