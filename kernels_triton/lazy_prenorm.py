@@ -10,14 +10,15 @@ MMA, accumulates the per-row sum of squares of A in fp32 on the side, and multip
 ``rstd`` in the epilogue; the normalized activation never exists in memory. ``matmul`` is the same kernel
 without the statistics, the GEMM baseline the fused kernel is measured against.
 
-Kernel structure (both kernels): one program per ``BLOCK_M x BLOCK_N`` output tile on a 1-D grid, tiles
-visited in grouped order (``GROUP_M`` row-tiles share each sweep over N, so the A row-block and the B column-block
-stay in L2); A, B and C travel through host-side TMA tensor descriptors
+Kernel structure (both kernels, ``schedule="tile"``, the default): one program per ``BLOCK_M x BLOCK_N``
+output tile on a 1-D grid, tiles visited in grouped order (``GROUP_M`` row-tiles share each sweep over N, so the
+A row-block and the B column-block stay in L2); A, B and C travel through host-side TMA tensor descriptors
 (``triton.tools.tensor_descriptor.TensorDescriptor``: no device allocator is needed); the K loop is a
 ``tl.range(..., num_stages=...)`` that Triton's software pipeliner turns into a multi-buffered
 TMA + mbarrier + wgmma pipeline; the accumulator is fp32. TMA zero-fills out-of-bounds loads and clips
 out-of-bounds stores, so M, K and N need not be multiples of the blocks (K and N must be multiples of 8:
-16-byte rows, enforced by ``check_inputs``).
+16-byte rows, enforced by ``check_inputs``). The row-block schedules below keep the descriptors and the
+pipelined K loop and change only which program owns which tiles.
 
 The pipeliner bug (triton-lang/triton#6691, open): when ONE loaded tile feeds both ``tl.dot`` and a register
 consumer such as the row reduction ``sum(a*a)``, triton 3.6.0 miscompiles the pipelined loop at
@@ -46,8 +47,49 @@ the fused kernel obtains ``sum(a^2)``:
   The two loops never share a loaded value, but the prepass is not overlapped with MMA work and is repeated by
   every tile of the row-block (``cdiv(N, BLOCK_N)`` times).
 
+Row-block schedules (``TilingConfig.schedule``), "rstd once per row block" (Meta's ``REUSE_RMSNORM_ACROSS_N``
+idea, non-persistent): with ``schedule="tile"`` every output tile recomputes the sum of squares of its row block,
+``cdiv(N, BLOCK_N)`` times per row (4x at N=1024, 8x at N=2048 with BLOCK_N=256). With ``"rowblock"`` /
+``"rowblock_nested"`` one program owns one ``BLOCK_M`` row block (grid ``cdiv(M, BLOCK_M)``; 2048 programs at
+M=262144, BLOCK_M=128; ``GROUP_M`` is unused), obtains rstd ONCE, then sweeps all N tiles with the same TMA +
+wgmma K loop, scaling each tile's accumulator in its epilogue. A is read from HBM once (its first pass) and
+re-read from L2 by the later N tiles (one row block is 256 KiB at K=1024, ~33 MB for 132 resident programs);
+B [K, N] is shared by all programs and stays in L2. ``sumsq`` then means:
+
+* ``"prepass"``: a first K loop over the row block computes only the sum of squares, from TMA loads of the same
+  descriptor (no dot in that loop, so no loaded value has two consumers: triton#6691 cannot hit). It is not
+  overlapped with MMA work, so it is pipelined deeper than the GEMM loop (``_prepass_stages``: up to 8 stages,
+  7 tiles in flight); its smem ring is dead before the GEMM ring is allocated and shares its bytes (no extra smem).
+  Then all N tiles run the plain GEMM loop.
+* ``"reload"``: the first N tile is peeled; its K loop takes the sum of squares exactly like the tile schedule's
+  ``"reload"`` (separate masked pointer load, own cp.async ring), overlapped with its MMAs; the remaining
+  N tiles run the plain GEMM loop. The extra read is paid once per row block instead of once per tile.
+* ``"shared_tile"``: as ``"reload"`` but the naive shared-tile loop in the first tile (same miscompile hazard
+  as the tile schedule's ``"shared_tile"``, same 1-slot-short A ring in the IR; not recommended).
+
+``"rowblock"`` flattens the loop over N tiles and the inner K loop into one software-pipelined loop
+(``tl.range(..., flatten=True)``, the structure of the Triton persistent-matmul tutorial on Hopper): the TMA
+loads of tile n+1 are in flight while tile n's epilogue runs, the epilogue is an ``scf.if`` on the last K step,
+and the TMA store of tile n overlaps tile n+1's loop. ``"rowblock_nested"`` keeps the two loops (the inner K
+loop is pipelined and drains at the end of every N tile); it is the fallback if the flattened loop misbehaves.
+sm_90 IR facts at 128x256x64, num_stages=3 (compile-only): the GEMM loops keep 3-slot A and B TMA rings
+(``warp_group_dot`` async, ``warp_group_dot_wait pendings=1``), the prepass gets a 7-slot TMA ring, ``"reload"``
+a 2-slot cp.async ring in the peeled tile only; 213016 B of smem (the C staging tile, 64 KiB, stays allocated
+across the N loop so that its TMA store can overlap the next tile; the tile schedule reuses the ring for it),
+so num_stages=4 does not fit at 128x256x64 (262176 B). No ptxas wgmma-serialization warning (C7515) except for
+``"shared_tile"``.
+
+Which GEMM is the fair baseline for the row-block kernels: ``matmul`` honours ``schedule`` too (same kernel,
+no statistics), so a row-block tiling entry also times the row-block GEMM, and the metrics take the best GEMM of
+the tiling list (``normfuse.metrics``: ``T_gemm_dsl`` is the min over the list). If the schedule alone (flattened
+pipeline, store overlap) made the GEMM faster, that gain is thus not credited to the fusion; if the grouped
+tile GEMM is faster, the fused row-block kernel also pays for its schedule.
+
 Only a GPU run can say which formulation is correct at a given ``num_stages``: the compile-only check does not
-catch this bug. Every fused config needs a GPU correctness check before its timing is reported.
+catch this bug. Every fused config needs a GPU correctness check before its timing is reported. (First H200
+sweep, M=262144, K=N=1024, 128x256x64: the tile-schedule ``"shared_tile"`` configs at num_stages 2 and 3 both
+checked correct, so the race does not fire at every shape. The row-block schedules were written and checked on
+CPU only: interpreter semantics, sm_90 compile, TTGIR.)
 
 Interpreter (``TRITON_INTERPRET=1``, set before importing triton): both kernels run on CPU tensors in
 fp16/fp32. Host ``TensorDescriptor`` works there, so the TMA path itself is interpreted (no pointer fallback is
@@ -82,14 +124,17 @@ from normfuse.techniques.lazy_prenorm import check_inputs
 
 __all__ = [
     "SUMSQ_CHOICES",
+    "SCHEDULE_CHOICES",
     "TilingConfig",
     "DEFAULT_CONFIG",
     "matmul",
     "lazy_rmsnorm_matmul",
     "compile_sm90",
+    "compile_sm90_kernel",
 ]
 
 SUMSQ_CHOICES = ("shared_tile", "reload", "prepass")
+SCHEDULE_CHOICES = ("tile", "rowblock", "rowblock_nested")
 OPS = ("matmul", "lazy_rmsnorm_matmul")
 _MAX_BOX = 256  # TMA: at most 256 elements per box dimension
 _MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
@@ -145,8 +190,11 @@ class TilingConfig:
     in [16, 256] (``tl.dot`` minimum; TMA box maximum). ``GROUP_M`` (>= 1) row-tiles are swept together over N
     for L2 reuse. ``num_warps`` (power of two, 1..32) and ``num_stages`` (>= 1, the K-loop pipeline depth) are
     passed to the launch and to ``tl.range``. ``sumsq`` (one of ``SUMSQ_CHOICES``) only affects
-    ``lazy_rmsnorm_matmul``; see the module docstring. Construction with a bad value (wrong type included)
-    raises ValueError naming the constraint.
+    ``lazy_rmsnorm_matmul``. ``schedule`` (one of ``SCHEDULE_CHOICES``): ``"tile"`` (one program per output tile,
+    grouped order), ``"rowblock"`` (one program per row block over all N tiles, flattened N x K loop, rstd once
+    per row block; ``GROUP_M`` unused) or ``"rowblock_nested"`` (the same with a nested N / K loop); it applies
+    to both ops. See the module docstring. Construction with a bad value (wrong type included) raises
+    ValueError naming the constraint.
     """
 
     BLOCK_M: int = 128
@@ -156,6 +204,7 @@ class TilingConfig:
     num_warps: int = 8
     num_stages: int = 3
     sumsq: str = "reload"
+    schedule: str = "tile"
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"):
@@ -179,6 +228,8 @@ class TilingConfig:
             raise ValueError(f"TilingConfig.sumsq must be a str, one of {', '.join(SUMSQ_CHOICES)}; got {self.sumsq!r}")
         if self.sumsq not in SUMSQ_CHOICES:
             raise ValueError(f"TilingConfig.sumsq={self.sumsq!r} must be one of {', '.join(SUMSQ_CHOICES)}")
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULE_CHOICES:
+            raise ValueError(f"TilingConfig.schedule={self.schedule!r} must be one of {', '.join(SCHEDULE_CHOICES)}")
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "TilingConfig":
@@ -285,6 +336,70 @@ def _lazy_rmsnorm_matmul_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
     c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
+@triton.jit
+def _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+            DOT_PRECISION: tl.constexpr, SS_MODE: tl.constexpr):
+    """One output tile's pipelined K loop (TMA A and B -> wgmma); returns ``(acc, ss)``. ``SS_MODE``:
+    ``"none"`` (plain GEMM loop, ``ss`` stays 0), ``"shared_tile"`` or ``"reload"`` (the sum of squares of the
+    A rows taken in the same loop, as in the tile schedule)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        a = a_desc.load([off_m, k0])
+        b = b_desc.load([k0, off_n])
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if SS_MODE == "shared_tile":
+            af = a.to(tl.float32)
+            ss += tl.sum(af * af, axis=1)
+        elif SS_MODE == "reload":
+            ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
+    return acc, ss
+
+
+@triton.jit
+def _rowblock_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, SUMSQ: tl.constexpr,
+                     PRE_STAGES: tl.constexpr, FLATTEN: tl.constexpr):
+    """``schedule="rowblock"`` (``FLATTEN``) / ``"rowblock_nested"``: one program per BLOCK_M row block, looping
+    over ALL N tiles; rstd once per row block (module docstring). ``SUMSQ="none"`` is the plain GEMM with this
+    schedule (the ``matmul`` op; ``a_ptr``/``eps`` unused). ``PRE_STAGES``: pipeline depth of the prepass."""
+    off_m = tl.program_id(0) * BLOCK_M
+    rows = off_m + tl.arange(0, BLOCK_M)
+    row_ok = (rows < M)[:, None]
+    a_rows_ptr = a_ptr + rows.to(tl.int64)[:, None] * K
+
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if SUMSQ == "prepass":
+        # Statistics of the whole row block first, through TMA (zero-filled past M and K): A comes from HBM here
+        # and stays in L2 for the GEMM loops. Elementwise fp32 accumulation, one cross-thread reduction at the end.
+        # No dot in this loop, so nothing loaded here has two consumers (triton#6691 cannot hit). Its ring is
+        # dead before the GEMM rings are allocated, so PRE_STAGES (> NUM_STAGES) costs no extra shared memory.
+        sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=PRE_STAGES):
+            x = a_desc.load([off_m, k0]).to(tl.float32)
+            sq += x * x
+        ss = tl.sum(sq, axis=1)
+
+    PEEL: tl.constexpr = SUMSQ == "shared_tile" or SUMSQ == "reload"
+    if PEEL:
+        # first N tile, peeled: the sum of squares comes from its K loop
+        acc, ss = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, 0, K,
+                          BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, SUMSQ)
+    rstd = tl.math.rsqrt(ss / K + eps)  # unused (and removed) when SUMSQ == "none"
+    if PEEL:
+        c_desc.store([off_m, 0], (acc * rstd[:, None]).to(c_desc.dtype))
+
+    # the (remaining) N tiles: plain GEMM loops, rstd reused
+    for off_n in tl.range(BLOCK_N if PEEL else 0, N, BLOCK_N, flatten=FLATTEN):
+        acc, _ = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K,
+                         BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, "none")
+        if SUMSQ != "none":
+            acc = acc * rstd[:, None]
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
 # --------------------------------------------------------------------------------------------------------
 # host code
 # --------------------------------------------------------------------------------------------------------
@@ -294,6 +409,18 @@ def _as_config(config) -> TilingConfig:
     if isinstance(config, Mapping):
         return TilingConfig.from_dict(config)
     raise TypeError(f"config must be a dict, a TilingConfig or None, got {type(config).__name__}")
+
+
+_MAX_PRE_STAGES = 8
+
+
+def _prepass_stages(cfg: TilingConfig) -> int:
+    """Pipeline depth of the rowblock prepass loop: as deep as the GEMM loop's A+B ring could hold in
+    [BLOCK_M, BLOCK_K] slots (the prepass ring is dead before that ring is allocated and shares its shared
+    memory), at least ``num_stages``, at most 8 (7 A tiles, 112 KiB at 128x64 bf16, in flight per SM: the
+    prepass reads A from HBM and is latency-bound, not overlapped with MMA work)."""
+    fit = cfg.num_stages * (cfg.BLOCK_M + cfg.BLOCK_N) // cfg.BLOCK_M
+    return max(cfg.num_stages, min(_MAX_PRE_STAGES, fit))
 
 
 def _check_eps(eps) -> float:
@@ -322,9 +449,14 @@ def _prepare(a, b, eps, config, *, launch: bool):
     a_desc = TensorDescriptor.from_tensor(a, [cfg.BLOCK_M, cfg.BLOCK_K])
     b_desc = TensorDescriptor.from_tensor(b, [cfg.BLOCK_K, cfg.BLOCK_N])
     c_desc = TensorDescriptor.from_tensor(c, [cfg.BLOCK_M, cfg.BLOCK_N])
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
-    meta = dict(
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+    if cfg.schedule != "tile":  # one program per row block, all N tiles; GROUP_M is not used
+        grid = (triton.cdiv(M, cfg.BLOCK_M),)
+        meta = dict(PRE_STAGES=_prepass_stages(cfg), FLATTEN=cfg.schedule == "rowblock")
+    else:
+        grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
+        meta = dict(GROUP_M=cfg.GROUP_M)
+    meta.update(
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         NUM_STAGES=cfg.num_stages,
         # fp32 inputs: exact fp32 dot (TF32 would fail the fp32 tolerance); 16-bit inputs: the tensor-core path
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
@@ -339,7 +471,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:
     ``a`` and ``b``: 2-D row-major contiguous tensors of one dtype (bf16 on the GPU; fp16/fp32 also accepted,
     and required under ``TRITON_INTERPRET=1``, whose bf16 dot is wrong), K and N multiples of 8, M >= 1, on a
     CUDA device (CPU tensors only under the interpreter). ``config``: dict, ``TilingConfig`` or None
-    (``DEFAULT_CONFIG``); ``sumsq`` is ignored here.
+    (``DEFAULT_CONFIG``); ``sumsq`` is ignored here, ``schedule`` is honoured (``"rowblock*"``: the row-block GEMM,
+    the same-schedule counterpart of the fused row-block kernel).
 
     Raises TypeError (non-tensors, dtypes, config type) and ValueError (ranks, shapes, alignment,
     contiguity, devices, bad config values) via ``normfuse.techniques.lazy_prenorm.check_inputs`` and
@@ -349,7 +482,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:
     """
     cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b, None, config, launch=True)
     with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
-        _matmul_kernel[grid](*descs, M, N, K, **meta)
+        if cfg.schedule != "tile":
+            _rowblock_kernel[grid](*descs, a, M, N, K, 1.0, SUMSQ="none", **meta)
+        else:
+            _matmul_kernel[grid](*descs, M, N, K, **meta)
     return c
 
 
@@ -361,8 +497,9 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
 
     ``a [M, K]``, ``b_folded [K, N]``: as in ``matmul`` (one dtype, contiguous, K and N multiples of 8, CUDA
     device or the interpreter). ``eps``: finite float > 0. ``config``: dict, ``TilingConfig`` or None;
-    ``config.sumsq`` selects how the sum of squares is computed (module docstring; ``"shared_tile"`` is expected
-    to be miscompiled by triton 3.6.0 at ``num_stages >= 3``, triton#6691).
+    ``config.sumsq`` selects how the sum of squares is computed and ``config.schedule`` whether it is computed per
+    output tile or once per row block (module docstring; ``"shared_tile"`` is expected to be miscompiled by
+    triton 3.6.0 at ``num_stages >= 3``, triton#6691).
 
     Raises TypeError / ValueError as ``matmul``, and ValueError for a bad ``eps``. Source: PyTorch blog
     "Towards Free Normalization",
@@ -372,7 +509,8 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
     eps = _check_eps(eps)
     cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b_folded, eps, config, launch=True)
     with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
-        _lazy_rmsnorm_matmul_kernel[grid](*descs, a, M, N, K, eps, SUMSQ=cfg.sumsq, **meta)
+        kernel = _rowblock_kernel if cfg.schedule != "tile" else _lazy_rmsnorm_matmul_kernel
+        kernel[grid](*descs, a, M, N, K, eps, SUMSQ=cfg.sumsq, **meta)
     return c
 
 
@@ -391,15 +529,22 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     """
     from normfuse.compile_only import summarize
 
+    return summarize(compile_sm90_kernel(op, a, b, eps=eps, config=config))
+
+
+def compile_sm90_kernel(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None):
+    """As ``compile_sm90``, but return Triton's ``CompiledKernel`` itself (``.asm["ttgir"]``, ``.asm["ptx"]``,
+    ``.metadata``), e.g. to check how the K loops were pipelined. Same preconditions and errors."""
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
     if _interpreting():
         raise RuntimeError("compile_sm90 cannot run under TRITON_INTERPRET=1")
     if op == "matmul":
         cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b, None, config, launch=False)
-        compiled = _matmul_kernel.warmup(*descs, M, N, K, grid=grid, **meta)
-    else:
-        eps = _check_eps(eps)
-        cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b, eps, config, launch=False)
-        compiled = _lazy_rmsnorm_matmul_kernel.warmup(*descs, a, M, N, K, eps, grid=grid, SUMSQ=cfg.sumsq, **meta)
-    return summarize(compiled)
+        if cfg.schedule != "tile":
+            return _rowblock_kernel.warmup(*descs, a, M, N, K, 1.0, grid=grid, SUMSQ="none", **meta)
+        return _matmul_kernel.warmup(*descs, M, N, K, grid=grid, **meta)
+    eps = _check_eps(eps)
+    cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b, eps, config, launch=False)
+    kernel = _rowblock_kernel if cfg.schedule != "tile" else _lazy_rmsnorm_matmul_kernel
+    return kernel.warmup(*descs, a, M, N, K, eps, grid=grid, SUMSQ=cfg.sumsq, **meta)

@@ -1,10 +1,12 @@
 """Tests of ``kernels_triton.lazy_prenorm`` on a CPU-only machine.
 
-1. Semantics under ``TRITON_INTERPRET=1`` (fp32/fp16, odd shapes, every ``sumsq`` formulation) against the
-   fp32 reference of ``normfuse.techniques.lazy_prenorm``. Runs in a subprocess: the interpreter flag must be set
-   before triton is imported.
-2. Compile-only for sm_90 at the default config and the benchmark shape (bf16, M=262144, K=N=1024): wgmma and
-   TMA in the PTX, shared memory within the H100/H200 limit. Subprocess: the fake driver is process-global.
+1. Semantics under ``TRITON_INTERPRET=1`` (fp32/fp16, odd shapes, every ``sumsq`` formulation under every
+   ``schedule``) against the fp32 reference of ``normfuse.techniques.lazy_prenorm``. Runs in a subprocess: the
+   interpreter flag must be set before triton is imported.
+2. Compile-only for sm_90 at the default tiles and the benchmark shape (bf16, M=262144, K=N=1024) and at
+   M=1, K=N=1000, every formulation and schedule: wgmma and TMA in the PTX, shared memory within the H100/H200
+   limit; for the row-block schedules also the TTGIR (K loop software-pipelined with num_stages-deep A and B
+   TMA rings, flattened or nested as asked). Subprocess: the fake driver is process-global.
 3. Config validation and input validation errors (in-process: they are raised before any launch).
 
 None of this catches the pipeliner miscompile (triton#6691): that needs the GPU correctness run.
@@ -27,7 +29,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kernels_triton import lazy_prenorm as ktl  # noqa: E402
-from kernels_triton.lazy_prenorm import DEFAULT_CONFIG, SUMSQ_CHOICES, TilingConfig  # noqa: E402
+from kernels_triton.lazy_prenorm import DEFAULT_CONFIG, SCHEDULE_CHOICES, SUMSQ_CHOICES, TilingConfig  # noqa: E402
 
 
 def _run_python(code: str, *, interpret: bool, timeout: int = 240) -> str:
@@ -56,17 +58,19 @@ import json, os
 assert os.environ.get("TRITON_INTERPRET") == "1"
 import torch
 from normfuse.techniques import lazy_prenorm as T
-from kernels_triton.lazy_prenorm import matmul, lazy_rmsnorm_matmul, SUMSQ_CHOICES
+from kernels_triton.lazy_prenorm import matmul, lazy_rmsnorm_matmul, SUMSQ_CHOICES, SCHEDULE_CHOICES
 
 SMALL = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
 # (M, N, K, extra config): M=1; K=N=72 not multiples of the block; several row tiles with a short last group;
-# the minimum block (16) with N, K not multiples of it either way; a prime M.
+# the minimum block (16) with N, K not multiples of it either way; a prime M with a single N tile (N < BLOCK_N:
+# the row-block N loop is empty after the first tile); K=N=1000 (8 N tiles with a 104-wide tail, K tail 104).
 CASES = [
     (1, 72, 72, {}),
     (37, 72, 72, {}),
     (100, 40, 104, dict(BLOCK_M=16, GROUP_M=3)),
     (64, 64, 64, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1)),
     (67, 24, 48, dict(BLOCK_N=64, BLOCK_K=16, GROUP_M=8, num_stages=1)),
+    (3, 1000, 1000, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128)),
 ]
 EPS = 1e-6
 results = []
@@ -76,29 +80,34 @@ for dtype in ("fp32", "fp16"):
         inp = T.make_inputs(M, N, K, dtype=dtype, seed=M + N + K)
         a, b, bf = inp["a"], inp["b"], inp["b_folded"]
 
-        # GEMM: fp32 reference, tolerance from torch in the same dtype
         ref_mm = a.float() @ b.float()
         tol_mm = T.tolerance(ref_mm, a @ b)
-        out = matmul(a, b, config=cfg)
-        assert out.dtype == a.dtype and out.shape == (M, N), (out.dtype, out.shape)
-        r = T.compare(out, ref_mm, tol_mm)
-        results.append(dict(op="matmul", dtype=dtype, shape=[M, N, K], sumsq=None, **r))
-
-        # fused: the technique's reference and tolerance
         ref = T.reference(inp, EPS)
         tol = T.tolerance(ref, T.unfused_torch(inp, EPS))
-        for sumsq in SUMSQ_CHOICES:
-            out = lazy_rmsnorm_matmul(a, bf, eps=EPS, config={**cfg, "sumsq": sumsq})
+        for schedule in SCHEDULE_CHOICES:
+            # GEMM: fp32 reference, tolerance from torch in the same dtype
+            out = matmul(a, b, config={**cfg, "schedule": schedule})
             assert out.dtype == a.dtype and out.shape == (M, N), (out.dtype, out.shape)
-            r = T.compare(out, ref, tol)
-            results.append(dict(op="lazy_rmsnorm_matmul", dtype=dtype, shape=[M, N, K], sumsq=sumsq, **r))
+            r = T.compare(out, ref_mm, tol_mm)
+            results.append(dict(op="matmul", dtype=dtype, shape=[M, N, K], sumsq=None, schedule=schedule, **r))
 
-# eps is honoured (a large eps changes the answer visibly)
+            # fused: the technique's reference and tolerance
+            for sumsq in SUMSQ_CHOICES:
+                out = lazy_rmsnorm_matmul(a, bf, eps=EPS, config={**cfg, "sumsq": sumsq, "schedule": schedule})
+                assert out.dtype == a.dtype and out.shape == (M, N), (out.dtype, out.shape)
+                r = T.compare(out, ref, tol)
+                results.append(dict(op="lazy_rmsnorm_matmul", dtype=dtype, shape=[M, N, K], sumsq=sumsq,
+                                    schedule=schedule, **r))
+
+# eps is honoured (a large eps changes the answer visibly), per schedule
 inp = T.make_inputs(37, 72, 72, dtype="fp32", seed=1)
 ref = T.reference(inp, 0.5)
-out = lazy_rmsnorm_matmul(inp["a"], inp["b_folded"], eps=0.5, config={**SMALL, "sumsq": "reload"})
-r = T.compare(out, ref, T.tolerance(ref, T.unfused_torch(inp, 0.5)))
-results.append(dict(op="lazy_rmsnorm_matmul", dtype="fp32", shape=[37, 72, 72], sumsq="reload eps=0.5", **r))
+for schedule, sumsq in [("tile", "reload"), ("rowblock", "prepass"), ("rowblock", "reload")]:
+    out = lazy_rmsnorm_matmul(inp["a"], inp["b_folded"], eps=0.5,
+                              config={**SMALL, "sumsq": sumsq, "schedule": schedule})
+    r = T.compare(out, ref, T.tolerance(ref, T.unfused_torch(inp, 0.5)))
+    results.append(dict(op="lazy_rmsnorm_matmul", dtype="fp32", shape=[37, 72, 72], sumsq=f"{sumsq} eps=0.5",
+                        schedule=schedule, **r))
 
 # negative control: the plain GEMM must FAIL the fused check (rows have scales 0.25..4, so rstd is visible)
 inp = T.make_inputs(37, 72, 72, dtype="fp32", seed=2)
@@ -113,7 +122,8 @@ def test_interpreter_semantics():
     bad = [r for r in out["results"] if not r["ok"]]
     assert not bad, json.dumps(bad, indent=1)
     n_fused = sum(r["op"] == "lazy_rmsnorm_matmul" for r in out["results"])
-    assert n_fused == 2 * 5 * len(SUMSQ_CHOICES) + 1
+    assert n_fused == 2 * 6 * len(SUMSQ_CHOICES) * len(SCHEDULE_CHOICES) + 3
+    assert sum(r["op"] == "matmul" for r in out["results"]) == 2 * 6 * len(SCHEDULE_CHOICES)
     assert out["negative_control_ok"] is False, "the check cannot tell a missing rstd from a correct kernel"
 
 
@@ -124,7 +134,7 @@ _COMPILE_SCRIPT = r"""
 import json, torch
 from normfuse import compile_only
 compile_only.install(90)
-from kernels_triton.lazy_prenorm import compile_sm90, SUMSQ_CHOICES
+from kernels_triton.lazy_prenorm import compile_sm90, SUMSQ_CHOICES, SCHEDULE_CHOICES
 
 out = {}
 for (M, N, K) in [(262144, 1024, 1024), (1, 1000, 1000)]:
@@ -135,6 +145,11 @@ for (M, N, K) in [(262144, 1024, 1024), (1, 1000, 1000)]:
         cfg = None if sumsq == "reload" else {"sumsq": sumsq}  # None = DEFAULT_CONFIG (sumsq="reload")
         out[f"lazy_rmsnorm_matmul[{sumsq}]/{M}x{N}x{K}"] = compile_sm90("lazy_rmsnorm_matmul", a, b, eps=1e-6,
                                                                         config=cfg)
+    for schedule in SCHEDULE_CHOICES[1:]:
+        out[f"matmul[{schedule}]/{M}x{N}x{K}"] = compile_sm90("matmul", a, b, config={"schedule": schedule})
+        for sumsq in SUMSQ_CHOICES:
+            out[f"lazy_rmsnorm_matmul[{schedule},{sumsq}]/{M}x{N}x{K}"] = compile_sm90(
+                "lazy_rmsnorm_matmul", a, b, eps=1e-6, config={"sumsq": sumsq, "schedule": schedule})
 print(json.dumps(out))
 """
 
@@ -143,8 +158,8 @@ def test_compile_sm90():
     from normfuse.compile_only import SMEM_LIMIT_BYTES
 
     out = _last_json(_run_python(_COMPILE_SCRIPT, interpret=False))
-    assert DEFAULT_CONFIG.sumsq == "reload"
-    assert len(out) == 2 * (1 + len(SUMSQ_CHOICES))
+    assert DEFAULT_CONFIG.sumsq == "reload" and DEFAULT_CONFIG.schedule == "tile"
+    assert len(out) == 2 * (1 + len(SUMSQ_CHOICES)) * len(SCHEDULE_CHOICES)
     for name, s in out.items():
         m = s["ptx_markers"]
         assert m["wgmma"] > 0, (name, s)
@@ -154,18 +169,98 @@ def test_compile_sm90():
     print(json.dumps(out, indent=1))
 
 
+# The row-block kernels nest loops (prepass / peeled first tile / loop over N tiles around the K loop): check in the
+# TTGIR that the K loop of every tile is still software-pipelined the way the tile kernel's is.
+_TTGIR_SCRIPT = r"""
+import json, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_triton.lazy_prenorm import compile_sm90_kernel
+
+a = torch.empty(262144, 1024, dtype=torch.bfloat16)
+b = torch.empty(1024, 1024, dtype=torch.bfloat16)
+out = {}
+for schedule in ("tile", "rowblock", "rowblock_nested"):
+    out[f"matmul/{schedule}"] = compile_sm90_kernel("matmul", a, b, config={"schedule": schedule}).asm["ttgir"]
+    for sumsq in ("prepass", "reload"):
+        ck = compile_sm90_kernel("lazy_rmsnorm_matmul", a, b, config={"schedule": schedule, "sumsq": sumsq})
+        out[f"lazy_rmsnorm_matmul/{schedule}/{sumsq}"] = ck.asm["ttgir"]
+print(json.dumps(out))
+"""
+
+
+def _scf_for_bodies(ttgir: str) -> list[str]:
+    """The text of every ``scf.for`` op (header line to closing brace) of a TTGIR dump."""
+    lines = ttgir.splitlines()
+    bodies = []
+    for i, line in enumerate(lines):
+        if "scf.for" not in line:
+            continue
+        depth, j = line.count("{") - line.count("}"), i
+        while depth > 0:
+            j += 1
+            depth += lines[j].count("{") - lines[j].count("}")
+        bodies.append("\n".join(lines[i:j + 1]))
+    return bodies
+
+
+def test_compile_sm90_rowblock_pipelining():
+    cfg = DEFAULT_CONFIG  # 128x256x64, num_stages=3
+    ns, bm, bn, bk = cfg.num_stages, cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    ttgirs = _last_json(_run_python(_TTGIR_SCRIPT, interpret=False))
+    for name, ttgir in ttgirs.items():
+        op, schedule, *sumsq = name.split("/")
+        # every MMA loop: async wgmma left in flight, A and B TMA rings num_stages deep (the shared_tile hazard
+        # would show as an A ring one slot short)
+        mma_loops = [b for b in _scf_for_bodies(ttgir) if "ttng.warp_group_dot " in b]
+        inner = [b for b in mma_loops if b.count("scf.for") == 1]
+        assert inner, name
+        n_tile_loops = 2 if sumsq == ["reload"] and schedule != "tile" else 1  # reload peels the first tile
+        assert len(inner) == n_tile_loops, (name, len(inner))
+        for body in inner:
+            assert f"tt.num_stages = {ns} : i32" in body.splitlines()[-1], name
+            assert "isAsync = true" in body and "pendings = 1" in body, name
+            assert body.count("ttng.async_tma_copy_global_to_local") == 2, name  # A and B, one each per step
+        assert ttgir.count(f"!ttg.memdesc<{ns}x{bm}x{bk}xbf16") >= n_tile_loops, name
+        assert ttgir.count(f"!ttg.memdesc<{ns}x{bk}x{bn}xbf16") >= n_tile_loops, name
+        assert f"!ttg.memdesc<{ns - 1}x{bm}x{bk}xbf16, #shared," not in ttgir or sumsq == ["reload"], name
+        if schedule == "rowblock":  # flattened: the N-tile epilogue (TMA store) sits in the pipelined loop
+            assert any("ttng.async_tma_copy_local_to_global" in b for b in inner), name
+        elif schedule == "rowblock_nested":  # nested: an outer loop over N tiles holds the pipelined K loop
+            assert not any("ttng.async_tma_copy_local_to_global" in b for b in inner), name
+            assert any(b.count("scf.for") == 2 and "async_tma_copy_local_to_global" in b for b in mma_loops), name
+        if sumsq == ["prepass"] and schedule != "tile":  # TMA prepass, deeper than the GEMM loop, no MMA
+            pre = [b for b in _scf_for_bodies(ttgir) if "ttng.warp_group_dot " not in b and "tt.num_stages" in b]
+            assert len(pre) == 1 and "ttng.async_tma_copy_global_to_local" in pre[0], name
+            stages = ktl._prepass_stages(cfg)
+            assert stages > ns and f"tt.num_stages = {stages} : i32" in pre[0], name
+        if sumsq == ["reload"]:  # the separate pointer read of A goes through its own cp.async ring
+            assert "ttg.async_copy_global_to_local" in ttgir, name
+
+
 # --------------------------------------------------------------------------------------------------------
 # 3. config and input validation
 # --------------------------------------------------------------------------------------------------------
 def test_config_defaults_and_roundtrip():
     assert TilingConfig.from_dict(None) == DEFAULT_CONFIG == TilingConfig()
     c = DEFAULT_CONFIG
-    assert (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K, c.GROUP_M, c.num_warps, c.num_stages, c.sumsq) == (
-        128, 256, 64, 8, 8, 3, "reload")
-    c2 = TilingConfig.from_dict({"BLOCK_N": 128, "sumsq": "prepass", "num_stages": 4})
-    assert (c2.BLOCK_N, c2.sumsq, c2.num_stages, c2.BLOCK_M) == (128, "prepass", 4, 128)
+    assert (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K, c.GROUP_M, c.num_warps, c.num_stages, c.sumsq, c.schedule) == (
+        128, 256, 64, 8, 8, 3, "reload", "tile")
+    c2 = TilingConfig.from_dict({"BLOCK_N": 128, "sumsq": "prepass", "num_stages": 4, "schedule": "rowblock"})
+    assert (c2.BLOCK_N, c2.sumsq, c2.num_stages, c2.BLOCK_M, c2.schedule) == (128, "prepass", 4, 128, "rowblock")
     assert TilingConfig.from_dict(c2.to_dict()) == c2
     assert set(SUMSQ_CHOICES) == {"shared_tile", "reload", "prepass"}
+    assert SCHEDULE_CHOICES == ("tile", "rowblock", "rowblock_nested")
+
+
+def test_prepass_stages():
+    # the row-block prepass ring fits in the GEMM ring's bytes: (stages - 1) A tiles <= num_stages (A + B) tiles
+    for bm, bn, ns in [(128, 256, 3), (128, 128, 4), (128, 256, 2), (64, 16, 1), (256, 256, 1), (16, 256, 5)]:
+        cfg = TilingConfig(BLOCK_M=bm, BLOCK_N=bn, num_stages=ns)
+        st = ktl._prepass_stages(cfg)
+        assert ns <= st <= max(ns, 8), (cfg, st)
+        assert st == ns or (st - 1) * bm <= ns * (bm + bn), (cfg, st)
+    assert ktl._prepass_stages(DEFAULT_CONFIG) == 8
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -184,6 +279,8 @@ def test_config_defaults_and_roundtrip():
     ({"num_stages": "3"}, "int"),
     ({"sumsq": "fused"}, "shared_tile"),
     ({"sumsq": None}, "sumsq"),
+    ({"schedule": "persistent"}, "rowblock"),
+    ({"schedule": None}, "schedule"),
 ])
 def test_config_errors(bad, match):
     with pytest.raises(ValueError, match=match):
