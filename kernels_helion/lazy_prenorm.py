@@ -39,6 +39,31 @@ ones stay correct when pipelined:
   pipeliner bug has nothing to hit. Costs a second, unpipelined pass over the A row block per output tile
   (``sumsq_block_k`` sets its K step; ``sumsq_eviction`` defaults to ``"last"`` here, so the MMA loop's TMA
   loads find A in L2).
+* ``"rowblock"`` -- the grid tiles **M only** (``for tile_m in hl.tile(m)``, one program per BLOCK_M row block).
+  A dot-free device loop over K computes the fp32 sum of squares of the row block *once*, ``rstd`` is computed
+  once, and then a device loop over the N tiles (``for tile_n in hl.tile(n)``) holds the MMA K loop and the
+  epilogue (scale by ``rstd``, store). Against ``"prepass"``/``"reload"`` this removes the ``N / BLOCK_N``-fold
+  redundant statistic (4x at N=1024, BLOCK_N=256) and reads A from HBM once: the statistic loop pulls the row
+  block into L2 (``sumsq_eviction`` defaults to ``"last"``) and the MMA loops of all N tiles re-read it from
+  there. No loop holds both a dot and a reduction, so the pipeliner bug has nothing to hit. Helion config
+  order: ``block_sizes = [BLOCK_M, sumsq_block_k or BLOCK_K, BLOCK_N, BLOCK_K]``, no ``l2_groupings`` (1-D
+  grid), device loops ``(k_sumsq, n, k)``. What the sm_90 TTGIR (triton 3.6, compile-only) shows:
+
+  - the inner K loop is pipelined exactly like the GEMM's (``num_stages``-deep TMA rings for A and B, async
+    wgmma with one group in flight);
+  - ``range_flattens`` on the ``n`` loop makes Triton fuse the N and K loops into one pipelined loop whose
+    epilogue sits in an ``scf.if``: the TMA loads of the next N tile are in flight during the epilogue of the
+    current one (the structure of Triton's persistent-matmul tutorial, here over the N tiles of a row block).
+    It does not fuse under a persistent ``pid_type`` (the persistent M loop then holds two loops);
+  - the statistic loop is *not* software-pipelined when any operand uses TMA: in the TTGIR, Triton pipelines
+    this dot-free loop only when its ``tl.range`` carries its own ``num_stages``, and Helion 1.5 drops
+    ``range_num_stages`` as soon as a tensor descriptor is used. Each iteration is therefore one HBM round
+    trip; a large ``sumsq_block_k`` (256: 4 round trips of 64 KiB at K=1024, no spills, 155 registers) keeps
+    it short. With ``indexing="pointer"`` everywhere, ``range_num_stages`` on ``k_sumsq`` does pipeline it
+    (cp.async ring);
+  - one program per row block runs the statistic phase serially before its first MMA. With BLOCK_M x BLOCK_N
+    = 128x128, ``num_stages=3`` and ``epilogue_subtile=2`` a program needs 114712 B of shared memory and ~90
+    registers, so two programs share an SM and one's statistic phase overlaps the other's MMAs.
 
 Dots run with ``dot_precision="ieee"``: no effect on bf16/fp16 (wgmma either way), but fp32 inputs get a true
 fp32 FMA dot instead of TF32 (slow; fp32 is for correctness checks against the fp32 reference, not benchmarks).
@@ -53,7 +78,11 @@ fp32 FMA dot instead of TF32 (slow; fp32 is for correctness checks against the f
   eager PyTorch on whole tensors; ``config`` is validated but otherwise **ignored** (no tiling, no Triton).
   ``normfuse.helion_compat`` supplies the CPU ``aten::mm.dtype`` that this needs.
 * compile-only (``compile_sm90``): under ``normfuse.compile_only.install(90)``, CPU tensors are bound, the
-  Triton code is generated and compiled for sm_90 with a launcher that never launches.
+  Triton code is generated and compiled for sm_90 with a launcher that never launches; ``ptxas_usage`` reads
+  registers/spills of the result with Triton's ptxas.
+* Triton interpreter (``TRITON_INTERPRET=1``, tests only): the generated Triton runs tile by tile on CPU, which
+  checks the tiling and edge masks that ref mode skips. fp32 only (the interpreter's bf16 dot is wrong) and
+  ``libdevice.rsqrt`` has to be mapped to ``tl.math.rsqrt`` first (``tests/test_kernels_helion.py``).
 """
 
 from __future__ import annotations
@@ -75,18 +104,20 @@ from normfuse.techniques.lazy_prenorm import check_inputs
 __all__ = [
     "TilingConfig",
     "DEFAULT_CONFIG",
+    "H200_CANDIDATES",
     "OPS",
     "SUMSQ_VARIANTS",
     "matmul",
     "lazy_rmsnorm_matmul",
     "compile_sm90",
     "compile_sm90_kernel",
+    "ptxas_usage",
     "triton_code",
     "ref_mode",
 ]
 
 OPS = ("matmul", "lazy_rmsnorm_matmul")
-SUMSQ_VARIANTS = ("shared_tile", "reload", "prepass")
+SUMSQ_VARIANTS = ("shared_tile", "reload", "prepass", "rowblock")
 INDEXING = ("pointer", "tensor_descriptor", "block_ptr")
 EVICTION = ("auto", "", "first", "last")
 PID_TYPES = ("flat", "xyz", "persistent_blocked", "persistent_interleaved")
@@ -98,14 +129,20 @@ MEMORY_OPS = {
     ("lazy_rmsnorm_matmul", "shared_tile"): ("a", "b", "out"),
     ("lazy_rmsnorm_matmul", "reload"): ("a", "b", "a_sumsq", "out"),
     ("lazy_rmsnorm_matmul", "prepass"): ("a_sumsq", "a", "b", "out"),
+    ("lazy_rmsnorm_matmul", "rowblock"): ("a_sumsq", "a", "b", "out"),
 }
-# Device loops (`tl.range`s) of each kernel: range_* tuples hold one entry per loop.
+# Device loops (`tl.range`s) of each kernel, in program order: range_* tuples hold one entry per loop. Helion's
+# own range_* lists have one more entry in front, for the grid (tile) loop, which exists only under a persistent
+# pid_type; `TilingConfig.to_helion` fills it from `persistent_flatten`.
 DEVICE_LOOPS = {
     ("matmul", None): ("k",),
     ("lazy_rmsnorm_matmul", "shared_tile"): ("k",),
     ("lazy_rmsnorm_matmul", "reload"): ("k",),
     ("lazy_rmsnorm_matmul", "prepass"): ("k_sumsq", "k"),
+    ("lazy_rmsnorm_matmul", "rowblock"): ("k_sumsq", "n", "k"),
 }
+# Kernels whose grid loop tiles M only (no l2_groupings entry in their Helion config).
+ROW_GRID = frozenset({("lazy_rmsnorm_matmul", "rowblock")})
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -177,11 +214,31 @@ def _lazy_prepass_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch.
     return out
 
 
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _lazy_rowblock_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    m, k = a.size()
+    _, n = b.size()
+    out = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m in hl.tile(m):  # grid: one program per row block
+        ss = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_ks in hl.tile(k):  # loop k_sumsq: the statistic, once per row block, no dot in this loop
+            xs = a[tile_m, tile_ks].to(torch.float32)  # memory op 0 (a_sumsq)
+            ss = ss + torch.sum(xs * xs, dim=-1)
+        rstd = torch.rsqrt(ss / k + eps)
+        for tile_n in hl.tile(n):  # loop n: every N tile of the row block reuses rstd
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):  # loop k: plain GEMM loop (memory ops 1 (a), 2 (b))
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            out[tile_m, tile_n] = (acc * rstd[:, None]).to(out.dtype)  # memory op 3 (out)
+    return out
+
+
 _KERNELS = {
     ("matmul", None): _matmul_kernel,
     ("lazy_rmsnorm_matmul", "shared_tile"): _lazy_shared_tile_kernel,
     ("lazy_rmsnorm_matmul", "reload"): _lazy_reload_kernel,
     ("lazy_rmsnorm_matmul", "prepass"): _lazy_prepass_kernel,
+    ("lazy_rmsnorm_matmul", "rowblock"): _lazy_rowblock_kernel,
 }
 
 
@@ -219,30 +276,45 @@ class TilingConfig:
       (device-side) tensor descriptor (its "misaligned address" guard), so with TMA ``num_stages`` is the knob
       that counts.
     * ``indexing``: ``"pointer" | "tensor_descriptor" | "block_ptr"`` for every load/store, or a tuple: 3 entries
-      mean ``(a, b, out)`` for every op (the extra sum-of-squares load of ``sumsq="reload"/"prepass"`` then uses
-      ``sumsq_indexing``); 4 entries (``"reload"``/``"prepass"`` only) follow Helion's program order of the
-      fused kernel, ``MEMORY_OPS[("lazy_rmsnorm_matmul", sumsq)]``; ``matmul`` takes the a/b/out entries.
+      mean ``(a, b, out)`` for every op (the extra sum-of-squares load of ``sumsq="reload"/"prepass"/"rowblock"``
+      then uses ``sumsq_indexing``); 4 entries (not ``"shared_tile"``) follow Helion's program order of the fused
+      kernel, ``MEMORY_OPS[("lazy_rmsnorm_matmul", sumsq)]``; ``matmul`` takes the a/b/out entries.
     * ``pid_type``: ``"flat" | "xyz" | "persistent_blocked" | "persistent_interleaved"``; ``l2_groupings``:
-      ``(G,)`` with G a power of two (grouped launch order for L2 reuse of B).
-    * ``sumsq`` (ours, ignored by ``matmul``): ``"shared_tile" | "reload" | "prepass"``, see the module docstring.
-      Default ``"reload"`` (as in the Triton folder): the formulation meant to stay correct when only
-      ``num_stages`` is raised.
-    * ``sumsq_indexing`` (ours): indexing of the separate sum-of-squares load of ``"reload"``/``"prepass"``
-      when ``indexing`` is one string or a 3-tuple; ``"auto"`` (default) means ``"pointer"``.
+      ``(G,)`` with G a power of two (grouped launch order for L2 reuse of B; ignored by ``"rowblock"``, whose
+      grid tiles M only).
+    * ``sumsq`` (ours, ignored by ``matmul``): ``"shared_tile" | "reload" | "prepass" | "rowblock"``, see the
+      module docstring. Default ``"reload"`` (as in the Triton folder): the formulation meant to stay correct
+      when only ``num_stages`` is raised.
+    * ``sumsq_indexing`` (ours): indexing of the separate sum-of-squares load of ``"reload"``/``"prepass"``/
+      ``"rowblock"`` when ``indexing`` is one string or a 3-tuple; ``"auto"`` (default) means ``"pointer"``.
     * ``sumsq_eviction`` (ours): L2 eviction hint of that load, ``"" | "first" | "last"`` (Helion's
       ``load_eviction_policies`` entry); ``"auto"`` (default): ``"first"`` for ``"reload"`` (this CTA's last
-      touch of those bytes), ``"last"`` for ``"prepass"`` (the MMA loop re-reads them). For ``"reload"`` the two
-      A loads must differ in indexing strategy or eviction hint, and must not both be ``"tensor_descriptor"``
-      (descriptor loads ignore the hint); otherwise ValueError: Triton's CSE would merge them back into one
-      load, i.e. ``"shared_tile"`` (seen in the TTGIR: A then gets ``num_stages - 1`` smem slots).
-    * ``sumsq_block_k`` (ours, ``"prepass"`` only): K block of the statistic loop; None means ``BLOCK_K``.
+      touch of those bytes), ``"last"`` for ``"prepass"``/``"rowblock"`` (the MMA loop re-reads them). For
+      ``"reload"`` the two A loads must differ in indexing strategy or eviction hint, and must not both be
+      ``"tensor_descriptor"`` (descriptor loads ignore the hint); otherwise ValueError: Triton's CSE would merge
+      them back into one load, i.e. ``"shared_tile"`` (seen in the TTGIR: A then gets ``num_stages - 1`` smem
+      slots).
+    * ``sumsq_block_k`` (ours, ``"prepass"``/``"rowblock"`` only): K block of the statistic loop; None means
+      ``BLOCK_K``. That loop is not software-pipelined under TMA indexing, so larger is better for
+      ``"rowblock"`` (256 recommended; 512 still compiles without spills but takes ~240 registers).
     * ``range_num_stages``, ``range_unroll_factors``, ``range_multi_buffers``, ``range_flattens``,
       ``range_warp_specializes``: None or one entry per device loop of the fused kernel (``DEVICE_LOOPS``: 1
-      loop, 2 for ``"prepass"``: statistic loop, then MMA loop; ``matmul`` takes the MMA-loop entry); a 1-tuple
-      is applied to every loop.
-    * ``num_sm_multiplier``, ``maxnreg`` (persistent kernels), ``epilogue_subtile`` (split the epilogue store
-      into 2/4 pieces): None means Helion's default. (Helion 1.5.0's ``host_tensor_descriptors`` is rejected by
-      its Triton backend, so it is not offered.)
+      loop; 2 for ``"prepass"``: statistic loop, MMA loop; 3 for ``"rowblock"``: statistic loop, N loop, MMA
+      loop; ``matmul`` takes the MMA-loop entry); a 1-tuple is applied to every loop. ``to_helion`` puts
+      Helion's extra leading entry for the grid loop in front (see ``persistent_flatten``). Helion 1.5 drops
+      ``range_num_stages`` and, with ``num_stages > 1``, ``range_unroll_factors`` when any operand uses a tensor
+      descriptor. ``range_flattens=(None, True, None)`` with ``"rowblock"`` fuses its N and K loops. Helion 1.5
+      offers ``range_warp_specializes`` only on compute capability >= 10.0: on sm_90 (H100/H200) any value
+      makes Helion raise ``InvalidConfig`` ("Too many values ... expected 0").
+    * ``persistent_flatten`` (ours): ``flatten=`` of the persistent tile loop (Helion's leading ``range_flattens``
+      entry), only with a persistent ``pid_type``. ``True`` makes Triton fuse the tile loop with the K loop into
+      one software-pipelined loop, as in Triton's persistent-matmul tutorial: the next tile's TMA loads are in
+      flight while this tile's epilogue runs. Fuses only when the tile loop holds a single loop (``matmul``,
+      ``"shared_tile"``, ``"reload"``); a no-op for ``"prepass"`` and ``"rowblock"``.
+    * ``num_sm_multiplier``, ``maxnreg`` (persistent kernels only; Helion rejects ``maxnreg`` with ``"flat"``),
+      ``epilogue_subtile`` (split the epilogue store into 2/4 pieces, which shrinks its shared-memory staging
+      buffer accordingly): None means Helion's default. (Helion 1.5.0's ``host_tensor_descriptors`` is
+      rejected by its Triton backend, so it is not offered.)
 
     Raises ValueError naming the violated constraint when a value is invalid.
     """
@@ -265,6 +337,7 @@ class TilingConfig:
     num_sm_multiplier: int | None = None
     maxnreg: int | None = None
     epilogue_subtile: int | None = None
+    persistent_flatten: bool | None = None
 
     def __post_init__(self):
         def put(name, value):
@@ -314,6 +387,15 @@ class TilingConfig:
             raise ValueError(f"maxnreg must be None or an integer in [1, 256], got {self.maxnreg!r}")
         if self.epilogue_subtile is not None and not (_is_pow2(self.epilogue_subtile) and self.epilogue_subtile >= 2):
             raise ValueError(f"epilogue_subtile must be None or a power of two >= 2, got {self.epilogue_subtile!r}")
+        persistent = self.pid_type.startswith("persistent")
+        if self.maxnreg is not None and not persistent:
+            raise ValueError(f"maxnreg needs a persistent pid_type (Helion 1.5 rejects it with {self.pid_type!r})")
+        if self.persistent_flatten is not None:
+            if not isinstance(self.persistent_flatten, bool):
+                raise ValueError(f"persistent_flatten must be None, True or False, got {self.persistent_flatten!r}")
+            if not persistent:
+                raise ValueError(f"persistent_flatten needs a persistent pid_type (with {self.pid_type!r} there is no "
+                                 "tile loop to flatten)")
         for op in OPS:  # cross-field checks (tuple lengths, the reload CSE hazard) raise here, not at launch
             self.to_helion(op)
 
@@ -359,13 +441,21 @@ class TilingConfig:
         key = self.kernel_key(op)
         mem_ops, loops = MEMORY_OPS[key], DEVICE_LOOPS[key]
         bm, bn, bk = self.block_sizes
+        sbk = self.sumsq_block_k or bk
+        if key[1] == "prepass":  # Helion's order: grid (m, n), then the loops' K blocks
+            block_sizes = [bm, bn, sbk, bk]
+        elif key[1] == "rowblock":  # grid m, loop k_sumsq, loop n, loop k
+            block_sizes = [bm, sbk, bn, bk]
+        else:
+            block_sizes = [bm, bn, bk]
         kw: dict = {
-            "block_sizes": [bm, bn, self.sumsq_block_k or bk, bk] if key[1] == "prepass" else [bm, bn, bk],
+            "block_sizes": block_sizes,
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
             "pid_type": self.pid_type,
-            "l2_groupings": list(self.l2_groupings),
         }
+        if key not in ROW_GRID:
+            kw["l2_groupings"] = list(self.l2_groupings)
         fused = ("lazy_rmsnorm_matmul", self.sumsq)  # tuples are read against the fused kernel's op/loop lists
         ix = self.indexing
         if isinstance(ix, str) or len(ix) == 3:
@@ -379,7 +469,7 @@ class TilingConfig:
                              f"{len(MEMORY_OPS[fused])} in Helion's program order {MEMORY_OPS[fused]}")
         evict = self.sumsq_eviction
         if evict == "auto":
-            evict = "last" if self.sumsq == "prepass" else "first"
+            evict = "first" if self.sumsq == "reload" else "last"
         if key[1] == "reload":
             a_ix, s_ix = by_name["a"], by_name["a_sumsq"]
             if (a_ix == s_ix == "tensor_descriptor") or (a_ix == s_ix and evict == ""):
@@ -393,18 +483,28 @@ class TilingConfig:
             kw["load_eviction_policies"] = [evict if m == "a_sumsq" else "" for m in loads]
         resolved = [by_name[m] for m in mem_ops]
         kw["indexing"] = resolved[0] if len(set(resolved)) == 1 else resolved
+        # Helion's range_* lists hold one entry per `tl.range` *candidate*: first the grid (tile) loop, which only
+        # becomes a loop under a persistent pid_type, then the device loops in program order. (Passing only the
+        # device-loop entries would shift them all by one: the first one would land on the grid loop.)
+        grid_default = {"range_num_stages": 0, "range_unroll_factors": 0}
         for name in ("range_num_stages", "range_unroll_factors", "range_multi_buffers", "range_flattens",
                      "range_warp_specializes"):
             v = getattr(self, name)
-            if v is None:
+            grid = self.persistent_flatten if name == "range_flattens" else None
+            if v is None and grid is None:
                 continue
-            if len(v) == 1:
-                v = v * len(DEVICE_LOOPS[fused])
-            if len(v) != len(DEVICE_LOOPS[fused]):
-                raise ValueError(f"{name} has {len(v)} entries; sumsq={self.sumsq!r} has {len(DEVICE_LOOPS[fused])} "
-                                 f"device loop(s) {DEVICE_LOOPS[fused]} (a 1-tuple applies to all)")
-            by_loop = dict(zip(DEVICE_LOOPS[fused], v))
-            kw[name] = [by_loop[lp] for lp in loops]
+            dflt = grid_default.get(name)
+            if v is None:
+                by_loop = {}
+            else:
+                if len(v) == 1:
+                    v = v * len(DEVICE_LOOPS[fused])
+                if len(v) != len(DEVICE_LOOPS[fused]):
+                    raise ValueError(f"{name} has {len(v)} entries; sumsq={self.sumsq!r} has "
+                                     f"{len(DEVICE_LOOPS[fused])} device loop(s) {DEVICE_LOOPS[fused]} "
+                                     "(a 1-tuple applies to all)")
+                by_loop = dict(zip(DEVICE_LOOPS[fused], v))
+            kw[name] = [dflt if grid is None else grid] + [by_loop.get(lp, dflt) for lp in loops]
         for name in ("num_sm_multiplier", "maxnreg", "epilogue_subtile"):
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)
@@ -412,6 +512,37 @@ class TilingConfig:
 
 
 DEFAULT_CONFIG = TilingConfig()
+
+# Candidates for the H200 sweep (configs/tiling/lazy_prenorm_h200.yaml), chosen from the sm_90 compile-only output
+# (triton 3.6, M=262144, K=N=1024, bf16); untimed. Each entry is timed for both ops (the GEMM reads block sizes,
+# stages, pid_type, persistent_flatten, epilogue_subtile; the fused op also the sumsq fields). Numbers per entry:
+# shared bytes / registers per thread (ptxas -v, no spills) / resident programs per SM, GEMM then fused.
+H200_CANDIDATES = {
+    # GEMM: persistent + flattened tile/K loop (Triton persistent-matmul tutorial structure), 4-deep TMA ring; the
+    # 128x128 epilogue subtiles keep it under 227 KiB. 229408 B / 154 regs / 1 (fused: 229408 / 155 / 1).
+    "persist-flat-128x256x64-s4-sub2": dict(
+        block_sizes=(128, 256, 64), num_warps=8, num_stages=4, indexing="tensor_descriptor",
+        pid_type="persistent_interleaved", persistent_flatten=True, epilogue_subtile=2, l2_groupings=(8,),
+        sumsq="rowblock", sumsq_block_k=256),
+    # fused: rowblock, N and K loops flattened, 1 program per SM. GEMM (flat): 196640 / 154 / 1;
+    # fused: 229408 / 155 / 1.
+    "rowblock-flatn-128x256x64-s4-sub2": dict(
+        block_sizes=(128, 256, 64), num_warps=8, num_stages=4, indexing="tensor_descriptor",
+        epilogue_subtile=2, l2_groupings=(8,), sumsq="rowblock", sumsq_block_k=256,
+        range_flattens=(None, True, None)),
+    # fused: rowblock with 2 programs per SM, so one's statistic phase overlaps the other's MMAs.
+    # GEMM (flat): 98328 / 90 / 2; fused: 114712 / 90 / 2.
+    "rowblock-flatn-128x128x64-s3-sub2": dict(
+        block_sizes=(128, 128, 64), num_warps=8, num_stages=3, indexing="tensor_descriptor",
+        epilogue_subtile=2, l2_groupings=(8,), sumsq="rowblock", sumsq_block_k=256,
+        range_flattens=(None, True, None)),
+    # GEMM: persistent + flattened with 2 programs per SM (num_sm_multiplier=2): 114712 / 90 / 2 (fused: the
+    # persistent rowblock, 114712 / 90 / 2).
+    "persist-flat-128x128x64-s3-sub2-x2": dict(
+        block_sizes=(128, 128, 64), num_warps=8, num_stages=3, indexing="tensor_descriptor",
+        pid_type="persistent_interleaved", persistent_flatten=True, num_sm_multiplier=2, epilogue_subtile=2,
+        l2_groupings=(8,), sumsq="rowblock", sumsq_block_k=256),
+}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -499,9 +630,9 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
     ``rstd`` is applied to the fp32 accumulator before the one rounding to ``a.dtype``. ``eps`` > 0 is a runtime
     argument (no recompile per eps).
     ``config``: as for ``matmul``; ``config.sumsq`` picks the formulation (``"shared_tile"``, ``"reload"``,
-    ``"prepass"``). With ``"shared_tile"`` only ``num_stages=1`` is known to be correct on GPU (Triton pipeliner
-    bug, triton-lang/triton#6691): check every benchmarked config against ``reference``. Under ref mode the
-    config is validated and ignored.
+    ``"prepass"``, ``"rowblock"``). With ``"shared_tile"`` only ``num_stages=1`` is known to be correct on GPU
+    (Triton pipeliner bug, triton-lang/triton#6691): check every benchmarked config against ``reference``. Under
+    ref mode the config is validated and ignored.
 
     Raises TypeError/ValueError from ``check_inputs`` (including ``eps <= 0``), ValueError for an invalid config,
     for non-CUDA tensors outside ref mode and for TMA-misaligned base pointers.
@@ -532,17 +663,39 @@ def _live_args(bound, args: tuple):
         yield
 
 
-@contextlib.contextmanager
-def _fixed_num_sms(n: int):
-    """Make ``helion.runtime.get_num_sm`` return ``n`` (it asserts for CPU devices; persistent pid_types call it)."""
-    import helion.runtime as hr
+H200_REGS_PER_SM = 65536
 
-    saved = hr.get_num_sm
-    hr.get_num_sm = lambda *a, **k: n
+
+@contextlib.contextmanager
+def _as_on_h200(n_sms: int = H200_NUM_SMS):
+    """Code generation for CPU tensors as it happens on the H200: ``helion.runtime.get_num_sm`` returns ``n_sms``
+    (it asserts for CPU devices; persistent pid_types call it), and Helion's ``maxnreg`` handling is on (Helion
+    enables it only when ``torch.cuda.is_available()``; off, it silently drops ``maxnreg`` and skips its own
+    "maxnreg needs a persistent pid_type" check, so compile-only would not see what the GPU run sees)."""
+    import helion.runtime as hr
+    import helion._compat as hc
+
     try:
+        import helion.autotuner.config_spec as hcs
+    except ImportError:  # other Helion versions
+        hcs = None
+    patches = [(hr, "get_num_sm", lambda *a, **k: n_sms)]
+    if hasattr(hc, "_supports_maxnreg"):
+        patches.append((hc, "_supports_maxnreg", lambda: True))
+    if hcs is not None and hasattr(hcs, "_regs_per_block"):
+        patches.append((hcs, "_regs_per_block", lambda: H200_REGS_PER_SM))
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    try:
+        for mod, name, value in patches:
+            setattr(mod, name, value)
         yield
     finally:
-        hr.get_num_sm = saved
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
+def _codegen_env(a: torch.Tensor):
+    return _as_on_h200() if a.device.type == "cpu" else contextlib.nullcontext()
 
 
 def _bound(op: str, a: torch.Tensor, b: torch.Tensor, eps: float, config):
@@ -561,7 +714,7 @@ def triton_code(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6,
     """The Triton source Helion generates for ``op`` at ``config`` for the shapes/dtypes of ``a``, ``b`` (CPU
     tensors are fine; nothing is compiled). Raises like ``compile_sm90``."""
     bound, hcfg, args = _bound(op, a, b, eps, config)
-    with _live_args(bound, args), _fixed_num_sms(H200_NUM_SMS) if a.device.type == "cpu" else contextlib.nullcontext():
+    with _live_args(bound, args), _codegen_env(a):
         return bound.to_triton_code(hcfg)
 
 
@@ -572,7 +725,7 @@ def compile_sm90_kernel(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float
 
     bound, hcfg, args = _bound(op, a, b, eps, config)
     launcher = WarmupLauncher()
-    with _live_args(bound, args), _fixed_num_sms(H200_NUM_SMS) if a.device.type == "cpu" else contextlib.nullcontext():
+    with _live_args(bound, args), _codegen_env(a):
         bound.compile_config(hcfg)(*args, _launcher=launcher)
     if launcher.last is None:
         raise RuntimeError(f"{op}: Helion's host code did not launch a kernel; nothing was compiled")
@@ -587,7 +740,8 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     kernel, compiles ``TilingConfig.from_dict(config).to_helion(op)`` with ``BoundKernel.compile_config`` and
     calls it with a ``normfuse.compile_only.WarmupLauncher``, which compiles the Triton kernel to PTX/cubin and
     never launches. For CPU tensors ``helion.runtime.get_num_sm`` is pinned to 132 (H200) during the call, so
-    persistent ``pid_type`` values compile too (Helion asserts on ``get_num_sm(cpu)``).
+    persistent ``pid_type`` values compile too (Helion asserts on ``get_num_sm(cpu)``), and Helion's ``maxnreg``
+    handling is switched on as on a CUDA machine (``.maxnreg`` in the PTX; Helion's persistent-only check).
 
     Returns ``normfuse.compile_only.summarize(...)``: PTX marker counts (wgmma, TMA, ...), ``shared_bytes``,
     ``num_warps``, ``smem_ok``, ``cluster_dims``. Raises ValueError for an unknown op, bad inputs or config,
@@ -597,3 +751,36 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     from normfuse.compile_only import summarize
 
     return summarize(compile_sm90_kernel(op, a, b, eps=eps, config=config))
+
+
+def ptxas_usage(compiled) -> dict:
+    """Registers per thread and spill bytes of a ``CompiledKernel`` (e.g. from ``compile_sm90_kernel``): runs the
+    ``ptxas`` that Triton uses for sm_90 (``-v``) on its PTX; no GPU needed. Returns ``{"registers": int,
+    "spill_store_bytes": int, "spill_load_bytes": int, "ctas_per_sm": int}``, the last one being the resident
+    programs per H200 SM allowed by registers and shared memory (228 KiB per SM, 1 KiB reserved per program).
+    Raises RuntimeError when ptxas fails or its report cannot be read."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptx = compiled.asm["ptx"]
+    arch = re.search(r"^\.target\s+(sm_\w+)", ptx, flags=re.M)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        proc = subprocess.run([get_ptxas(90).path, f"-arch={arch.group(1) if arch else 'sm_90a'}", "-v", str(src),
+                               "-o", str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if proc.returncode or not regs or not spills:
+        raise RuntimeError(f"ptxas -v failed (rc={proc.returncode}):\n{log[-2000:]}")
+    threads = 32 * int(compiled.metadata.num_warps)
+    n_regs = int(regs.group(1))
+    by_regs = H200_REGS_PER_SM // (threads * max(8, -(-n_regs // 8) * 8))  # registers are allocated per 8
+    by_smem = (228 * 1024) // (int(compiled.metadata.shared) + 1024)
+    return {"registers": n_regs, "spill_store_bytes": int(spills.group(1)), "spill_load_bytes": int(spills.group(2)),
+            "ctas_per_sm": max(0, min(by_regs, by_smem))}
