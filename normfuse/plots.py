@@ -44,7 +44,7 @@ def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: 
               for d in dsls]
     if blog:
         panels.append(("blog, B200 @ 750 W (TLX)", _grid(blog, Ks, Ns)))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False, layout="constrained")
     for ax, (name, grid) in zip(axes[0], panels):
         sns.heatmap(grid, ax=ax, annot=True, fmt=".1f", cmap="RdYlGn", vmin=-50, vmax=100, cbar=False,
                     linewidths=0.5, annot_kws={"size": 9})
@@ -52,7 +52,6 @@ def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: 
         ax.set_xlabel("N")
         ax.set_ylabel("K")
     fig.suptitle(f"{title}: % of norm latency hidden" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.88))
     return _save(fig, out_dir, "hidden_heatmap")
 
 

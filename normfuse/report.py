@@ -79,3 +79,34 @@ def summary(df: pd.DataFrame, mode: str) -> str:
                   bad[["dsl", "impl", "config_name", "M", "N", "K", "status", "error"]]
                   .assign(error=lambda x: x["error"].astype(str).str.slice(0, 90)).to_markdown(index=False)]
     return "\n".join(lines)
+
+
+def replicates(run_dirs: list[Path]) -> str:
+    """Markdown table over replicate runs of one experiment: per (M, K, N) and DSL, the best hidden_dsl of each
+    run and their mean, next to the blog's value; plus the spread of the p50 of identical points across runs
+    (the noise floor of a "% hidden" figure is about that spread times T_gemm / T_norm)."""
+    all_runs = [pd.read_parquet(Path(d) / "results.parquet") for d in run_dirs]
+    best = pd.concat([metrics.best_fused(df).assign(run=Path(d).name) for d, df in zip(run_dirs, all_runs)],
+                     ignore_index=True)
+    blog = _blog(best)
+    runs = [Path(d).name for d in run_dirs]
+    rows = []
+    for (M, K, N), g in best.groupby(["M", "K", "N"]):
+        r = {"M": M, "K": K, "N": N}
+        for dsl in [x for x in plots.DSL_ORDER if x in set(best["dsl"])]:
+            vals = [g[(g.dsl == dsl) & (g.run == run)]["hidden_dsl"].max() for run in runs]
+            r[f"{dsl} hidden % (runs)"] = " / ".join(_fmt(v, pct=True) for v in vals)
+            r[f"{dsl} mean %"] = _fmt(float(np.nanmean(vals)), pct=True)
+        if blog and M == 262144:
+            r["blog B200 %"] = _fmt(blog.get((K, N)))
+        rows.append(r)
+    key = ["dsl", "impl", "config_name", "M", "N", "K"]
+    spread = ""
+    if len(all_runs) >= 2:
+        m = all_runs[0].merge(all_runs[1][key + ["p50_ms"]], on=key, suffixes=("", "_2")).dropna(subset=["p50_ms", "p50_ms_2"])
+        ratio = m["p50_ms_2"] / m["p50_ms"]
+        spread = (f"\np50 of the same point, {runs[1]} / {runs[0]} ({len(ratio)} points): median {ratio.median():.3f}, "
+                  f"5th-95th percentile {ratio.quantile(0.05):.3f}-{ratio.quantile(0.95):.3f}, "
+                  f"min {ratio.min():.3f}, max {ratio.max():.3f}.\n")
+    return "% of norm latency hidden (hidden_dsl, best correct config per run):\n\n" + \
+        pd.DataFrame(rows).to_markdown(index=False) + "\n" + spread
