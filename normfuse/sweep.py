@@ -84,15 +84,24 @@ def _seed(nonce: str, key: tuple) -> int:
     return int(hashlib.sha256((nonce + repr(key)).encode()).hexdigest()[:8], 16)
 
 
+GIT_SHA_FILE = ".normfuse_git_sha"  # written next to a copy of the tree that travels without .git (e.g. to a GPU host)
+
+
 def git_info() -> dict:
+    """The commit being measured: from git, else from ``$NORMFUSE_GIT_SHA`` or the ``.normfuse_git_sha`` file
+    (``git rev-parse --short=12 HEAD > .normfuse_git_sha`` before copying a tree without .git to a GPU host)."""
     def git(*args):
         try:
             return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
         except Exception:  # noqa: BLE001
             return ""
 
-    return {"git_sha": git("rev-parse", "--short=12", "HEAD") or "unknown",
-            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    sha = git("rev-parse", "--short=12", "HEAD")
+    if sha:
+        return {"git_sha": sha, "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    f = REPO_ROOT / GIT_SHA_FILE
+    sha = os.environ.get("NORMFUSE_GIT_SHA") or (f.read_text().strip() if f.exists() else "")
+    return {"git_sha": sha or "unknown", "git_dirty": None}
 
 
 # ----------------------------------------------------------------------------------------------- run
