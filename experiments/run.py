@@ -16,7 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 def main(cfg: DictConfig) -> None:
     from normfuse.sweep import run
 
-    run(OmegaConf.to_container(cfg, resolve=True))
+    try:
+        run(OmegaConf.to_container(cfg, resolve=True))
+    except ValueError as e:  # a bad config: say what is wrong, without a traceback
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

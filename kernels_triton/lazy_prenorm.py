@@ -22,19 +22,18 @@ pipelined K loop and change only which program owns which tiles.
 
 The pipeliner bug (triton-lang/triton#6691, open): when ONE loaded tile feeds both ``tl.dot`` and a register
 consumer such as the row reduction ``sum(a*a)``, triton 3.6.0 miscompiles the pipelined loop at
-``num_stages >= 3`` (wrong results on H200, rel. err ~3e-2 .. 5e-2; see ``/work/shared/examples/
-pipelined_sumsq_miscompile.py``). That is exactly the naive lazy-prenorm loop. ``TilingConfig.sumsq`` picks how
+``num_stages >= 3`` with pointer loads (wrong results on H200, rel. err ~3e-2 .. 5e-2, per the upstream repro). That is exactly the naive lazy-prenorm loop. ``TilingConfig.sumsq`` picks how
 the fused kernel obtains ``sum(a^2)``:
 
-* ``"shared_tile"``: the naive form; the TMA-loaded A tile feeds the dot and the row sum. Expected to be
-  WRONG at ``num_stages >= 3`` on 3.6.0 (kept to record the miscompile, and as the speed-of-light form).
-  What the sm_90 TTGIR shows (compile-only, default config): the pipeliner gives A a ring of
-  ``num_stages - 1`` smem slots but B ``num_stages`` slots, while both are prefetched ``num_stages - 1``
-  iterations ahead and the wgmma is left in flight (``warp_group_dot_wait pendings=1``). The TMA for step
-  ``k + num_stages - 1`` therefore overwrites the A slot that the still-running async wgmma of step ``k``
-  reads: a write-after-read race. The same pattern is in the IR at ``num_stages=2`` (a 1-slot A ring), so
-  ``num_stages=2`` is not safe by construction even where it measured correct. ptxas also serializes the
-  wgmmas of this loop (warning C7515).
+* ``"shared_tile"``: the naive form; the TMA-loaded A tile feeds the dot and the row sum. Measured on the H200
+  (two sweeps of the 9 blog shapes, plus the GPU tests' odd shapes): CORRECT at ``num_stages`` 2 and 3 through
+  these host-side TMA descriptors, unlike the pointer-load repro of the bug (wrong at ``num_stages >= 3``). The
+  sm_90 TTGIR still shows the hazard: the pipeliner gives A a ring of ``num_stages - 1`` smem slots but B
+  ``num_stages``, both prefetched ``num_stages - 1`` iterations ahead with the wgmma left in flight
+  (``warp_group_dot_wait pendings=1``), so the TMA for step ``k + num_stages - 1`` targets the A slot that the
+  wgmma of step ``k`` reads. ptxas serializes the wgmmas of this loop (warning C7515), which plausibly retires
+  each wgmma before that TMA lands (our inference, not verified); it is also why this form is no faster than
+  ``"reload"``. Kept to record the finding, not recommended.
 * ``"reload"`` (default): the dot takes A from the TMA descriptor load; the sum of squares comes from a
   separate masked pointer load (``tl.load``) of the same A tile in the same iteration, so no loaded value
   has two consumers. The pipeliner then gives the TMA A ring the same depth as B, and streams the second read
@@ -86,10 +85,9 @@ pipeline, store overlap) made the GEMM faster, that gain is thus not credited to
 tile GEMM is faster, the fused row-block kernel also pays for its schedule.
 
 Only a GPU run can say which formulation is correct at a given ``num_stages``: the compile-only check does not
-catch this bug. Every fused config needs a GPU correctness check before its timing is reported. (First H200
-sweep, M=262144, K=N=1024, 128x256x64: the tile-schedule ``"shared_tile"`` configs at num_stages 2 and 3 both
-checked correct, so the race does not fire at every shape. The row-block schedules were written and checked on
-CPU only: interpreter semantics, sm_90 compile, TTGIR.)
+catch this bug. Every fused config needs a GPU correctness check before its timing is reported. (Every shipped
+config, row-block schedules included, passed the H200 check at the 9 blog shapes and at the GPU tests' odd
+shapes; results in ``results/lazy_prenorm_blog/``.)
 
 Interpreter (``TRITON_INTERPRET=1``, set before importing triton): both kernels run on CPU tensors in
 fp16/fp32. Host ``TensorDescriptor`` works there, so the TMA path itself is interpreted (no pointer fallback is
@@ -318,18 +316,11 @@ def _lazy_rmsnorm_matmul_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        a = a_desc.load([off_m, k0])
-        b = b_desc.load([k0, off_n])
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        if SUMSQ == "shared_tile":
-            # naive: `a` feeds the dot AND the reduction -> triton#6691 at num_stages >= 3
-            af = a.to(tl.float32)
-            ss += tl.sum(af * af, axis=1)
-        elif SUMSQ == "reload":
-            # separate pointer load of the same tile: no loaded value has two consumers
-            ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
+    # "shared_tile": `a` feeds the dot AND the reduction (triton#6691 territory); "reload": a separate pointer
+    # load of the same tile, so no loaded value has two consumers; "prepass": a plain GEMM loop
+    acc, ss_loop = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                           NUM_STAGES, DOT_PRECISION, "none" if SUMSQ == "prepass" else SUMSQ)
+    ss += ss_loop
 
     rstd = tl.math.rsqrt(ss / K + eps)  # not libdevice: it returns None in the interpreter
     acc = acc * rstd[:, None]

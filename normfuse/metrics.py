@@ -57,11 +57,16 @@ def add_hidden(df: pd.DataFrame, norm_impls=("torch_compile_norm",)) -> pd.DataF
             for idx, r in gd[gd["impl"] == "fused"].iterrows():
                 tf = r["p50_ms"]
                 df.loc[idx, "hidden_dsl"] = (t_gemm + t_norm_ref - tf) / t_norm_ref
-                df.loc[idx, "hidden_best"] = (np.nanmin([t_cublas, t_gemm]) + t_norm_best - tf) / t_norm_best
+                df.loc[idx, "hidden_best"] = (_min_finite(t_cublas, t_gemm) + t_norm_best - tf) / t_norm_best
                 df.loc[idx, "speedup"] = (t_gemm + t_norm_ref) / tf
             for idx, r in gd[gd["impl"] == "gemm"].iterrows():
                 df.loc[idx, "frac_cublas"] = t_cublas / r["p50_ms"]
     return df
+
+
+def _min_finite(*xs) -> float:
+    finite = [x for x in xs if x is not None and np.isfinite(x)]
+    return min(finite) if finite else np.nan
 
 
 def best_fused(df: pd.DataFrame) -> pd.DataFrame:

@@ -106,10 +106,11 @@ def git_info() -> dict:
 
 # ----------------------------------------------------------------------------------------------- run
 def default_run_id(gpu: dict) -> str:
+    """``<yyyymmdd-HHMMSS>_<gpu short name or cpu>``: a new run per invocation (pass run_id=... to resume)."""
     tag = "cpu"
     if gpu.get("available"):
         tag = str(gpu.get("gpu_name", "gpu")).replace("NVIDIA", "").strip().split()[0].lower()
-    return f"{dt.date.today():%Y%m%d}_{tag}"
+    return f"{dt.datetime.now():%Y%m%d-%H%M%S}_{tag}"
 
 
 def run(cfg: dict) -> Path:
@@ -119,8 +120,17 @@ def run(cfg: dict) -> Path:
 
     console = Console(stderr=True)
     run_mode = resolve_mode(cfg.get("mode", "auto"))
+    if run_mode == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("mode=gpu but no CUDA device is visible (use mode=auto or mode=cpu)")
+    points = expand_points(cfg, run_mode)  # validates the config before anything is written
     gpu_before = hardware.read_gpu()
-    mismatches = hardware.compare(cfg["hardware"], gpu_before, strict=bool(cfg["hardware"].get("strict", False)))
+    if run_mode == "gpu":
+        mismatches = hardware.compare(cfg["hardware"], gpu_before, strict=bool(cfg["hardware"].get("strict", False)))
+    else:
+        mismatches = [f"configured hardware {cfg['hardware']['name']!r}; ran in CPU mode (no timings)"]
     run_id = cfg.get("run_id") or default_run_id(gpu_before)
     run_dir = Path(cfg.get("results_dir") or REPO_ROOT / "results") / cfg["experiment_name"] / run_id
     store = ResultsStore(run_dir)
@@ -134,7 +144,6 @@ def run(cfg: dict) -> Path:
     pool = Pool(envs, run_dir / "logs")
     nonce = f"{time.time_ns()}"
     git = git_info()
-    points = expand_points(cfg, run_mode)
     retry = tuple(cfg.get("retry_statuses") or ())
     done = store.done_keys(retry_statuses=retry) if cfg.get("resume", True) else set()
     todo = [p for p in points if point_key(p) not in done]
@@ -182,6 +191,10 @@ def run(cfg: dict) -> Path:
                  "hardware_config": cfg["hardware"], "hardware_before": gpu_before, "hardware_after": gpu_after,
                  "hardware_mismatches": sorted(set(meta.get("hardware_mismatches", [])) | set(mismatches)),
                  "versions": versions, "calibration": calibration, **git, "config": cfg,
+                 "invocations": meta.get("invocations", []) + [{
+                     "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git["git_sha"],
+                     "dsls": list(cfg.get("dsls") or {}), "shape": cfg["shape"].get("name"),
+                     "tiling": sorted(cfg.get("tiling") or {}), "points": len(points), "measured": len(todo)}],
                  "timing_note": "p50 of triton.testing.do_bench (L2 flushed before every call)" if run_mode == "gpu"
                  else "CPU mode: correctness only, no timings"})
     meta_path.write_text(json.dumps(meta, indent=2, default=str))
@@ -223,5 +236,5 @@ def finalize(run_dir: Path, console=None) -> "object":
     text = report.summary(df, mode)
     (run_dir / "summary.md").write_text(text + "\n")
     if console is not None:
-        console.print(text)
+        print(text, flush=True)  # plain print: tables are wide, a console would wrap them
     return df
