@@ -58,61 +58,6 @@ same ``_tile_range`` / ``_tile_coords`` helpers, so the (tile, k) sequences -- a
 phases below -- stay identical; the ring protocol itself is unchanged (a skipped ``local_load`` only removes
 one of the two conditions for releasing a slot).
 
-``SHARED_RSTD`` ("compute rstd once per M-tile, globally"): keeps the default grouped persistent order (the
-fast GEMM order; ``matmul`` of such a config *is* the default GEMM, compiled identically), and shares rstd across
-CTAs through global memory instead of recomputing it on every N-tile:
-
-- The tile ``(pid_m, 0)`` is the *writer*: its consumers compute the sum of squares exactly as by default and,
-  right after their K loop (while the last wgmma is still in flight, before their own epilogue), publish rstd
-  for their 64 rows. Every tile ``(pid_m, n > 0)`` is a *reader*: its consumers skip the ``local_load`` + row sum
-  (the branch after the wgmma commit, as with REUSE_RSTD) and take rstd of their 64 rows from global memory in
-  the epilogue. Each consumer warpgroup publishes / waits for its own rows only (consumer ``c`` of the reader
-  needs exactly the rows consumer ``c`` of the writer publishes); rows past M (the last M-tile, including a
-  consumer slice wholly below row M) are masked out of both the publication and the wait.
-- Slots: a global ``int64 rstd_slots[>= M]``, one word per row, ``(epoch << 32) | bits(rstd as fp32)``. The
-  writer stores it with one 64-bit write per row (``tl.atomic_xchg(..., sem="relaxed", scope="gpu")``:
-  ``atom.global.gpu.relaxed.exch.b64``); the reader polls with 64-bit volatile loads (``tl.load(...,
-  volatile=True)``: ``ld.volatile.global.b64``) until the high half of every in-bounds row's word equals this
-  launch's epoch, then bitcasts the low half to fp32. The first poll is issued before the consumer's final
-  ``async_dot_wait(0)`` (overlapping the last wgmma), the re-polls after the ring slot has been released.
-- Memory-model argument (no fences, no flags, no barriers): epoch and payload travel in *one* naturally aligned
-  64-bit word, and an aligned 64-bit access is single-copy atomic -- the reader sees the old word or the new one,
-  never the new epoch with an old rstd. Nothing else is communicated, so no release/acquire ordering is needed.
-  Formally (PTX memory model) the writer's relaxed gpu-scope atomic and the reader's volatile load (treated as
-  relaxed at system scope) are both *strong* operations and morally strong with each other, so they do not form
-  a data race and the atomicity axiom applies; a plain weak ``st.global`` would be a data race on paper even
-  though the hardware does not tear it. Volatile loads are not cached in L1 (L1 is not coherent; strong loads
-  are served by L2, the point of coherence where the atomic is performed) and are never hoisted, merged or
-  removed by the compiler, so every poll re-reads the word and the writer's word becomes visible to the spin.
-  The writer's own epilogue uses the very rstd it packed, so all N-tiles of a row scale by identical bits.
-- Epochs: a kernel argument (``do_not_specialize``: no recompiles), handed out by the host wrapper from a
-  module-wide counter, starting at 1 and never reused (on wrap-around past 2**31 - 1 every buffer is zeroed).
-  The buffer is zeroed once when allocated (epoch 0 never matches) and never cleared between launches: words
-  of earlier launches carry older epochs and are simply not trusted. It is cached per (device, stream), grown to
-  the largest M seen.
-- Deadlock freedom. (1) Co-residency: the grid is persistent with ``min(#SMs, #tiles)`` CTAs and a CTA fits
-  an SM (it uses more than half of the SM's shared memory -- ~213 KB for the default tiles, ~165 KB for
-  bn128_s4 -- and 384 threads x 168 registers (ptxas) of the 64 K register file: exactly one CTA per SM),
-  so on an otherwise idle GPU every CTA is resident at once; the launch
-  is also cooperative (``launch_cooperative_grid``), so the driver either guarantees that or fails the launch
-  instead of hanging. (2) Every CTA processes its tile ids in increasing order (``pid, pid + G, ...``).
-  (3) In the grouped order, tile ``(m, n)`` of group ``g`` (first M-tile ``f``, ``s`` M-tiles, ``s < GROUP_M``
-  for a partial last group) has id ``g * GROUP_M * num_pid_n + n * s + (m - f)``, so ``(m, 0)`` has a strictly
-  smaller id than every ``(m, n > 0)`` (checked in tests/tlx for full and partial groups). Hence every wait
-  points to a strictly smaller tile id.
-  Induction on the tile id t: all tiles its CTA processed before t have smaller ids, so they finished (their own
-  waits point to ids < t); the in-CTA ring protocol is the deadlock-free GEMM protocol (a spinning reader holds
-  no ring slot, the spin only uses the warpgroup's own named barrier); so tile t's K loop completes, its
-  publication (which waits on nothing) happens, and its own wait, if any, targets an id < t, done by induction.
-  No cycle. The argument needs *all* CTAs to be able to run: not under MPS/green-context SM limits below the
-  device's SM count, and never two SHARED_RSTD launches (or another never-ending persistent kernel) competing
-  for SMs concurrently on other streams (launches on one stream are ordered and safe).
-- Not CUDA-graph safe (a replay would reuse its captured epoch and could read the previous replay's rstd):
-  ``lazy_rmsnorm_matmul`` raises under stream capture with this option.
-- Cost: the norm work drops from ``cdiv(N, BLOCK_N)`` to 1 sum of squares per M-tile, A is read from shared
-  memory by the consumers only on writer tiles, and a reader spins only while its writer (usually in the same
-  wave, started at about the same time) is still in its slightly longer K loop.
-
 The fused sum of squares avoids Triton's software pipeliner entirely (``num_stages=1``; the ring is explicit),
 so it is not exposed to the "one tile feeds both tl.dot and a row reduction" miscompile
 (triton-lang/triton#6691, dsl-primer blocker 1).
@@ -129,7 +74,6 @@ Sources:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -148,7 +92,6 @@ H200_NUM_SMS = 132  # used for the persistent grid when compiling without a GPU
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 OPS = ("matmul", "lazy_rmsnorm_matmul")
 _PRODUCER_WARPS = 4  # the "default" task (TMA producer) uses the kernel's num_warps
-_COOPERATIVE_SHARED_RSTD = True  # launch SHARED_RSTD fused kernels cooperatively (co-residency or a launch error)
 _MIN_PRODUCER_REGS = 24  # setmaxnreg lower bound
 
 
@@ -180,13 +123,6 @@ class TilingConfig:
             Meant for a small, L2-resident B (K * N * itemsize of a few MB): at large N the concurrent CTAs
             sweep all of B instead of sharing B column-tiles. Also changes the GEMM's (``matmul``) tile order,
             so fused - gemm still isolates the norm cost. Default False (grouped order, norm on every tile).
-        SHARED_RSTD: keep the grouped (GROUP_M) persistent order and compute each M-tile's sum of squares once,
-            globally: the tile (pid_m, 0) computes it and publishes rstd (epoch-stamped 64-bit words in a global
-            slot buffer); every tile (pid_m, n > 0) skips the sum of squares and waits for / reads those words
-            in its epilogue (see the module docstring for the memory-model and deadlock-freedom arguments).
-            ``matmul`` is unaffected (the plain default GEMM). Needs PERSISTENT; exclusive with REUSE_RSTD. The
-            fused op is then not CUDA-graph capturable, and concurrent launches on other streams must not
-            compete for SMs. Default False.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -201,7 +137,6 @@ class TilingConfig:
     EPILOGUE_SUBTILE: bool = False
     CONSUMER_REGS: int = 232
     REUSE_RSTD: bool = False
-    SHARED_RSTD: bool = False
 
     def __post_init__(self):
         errors = []
@@ -243,12 +178,6 @@ class TilingConfig:
                               f"{self.acc_regs_per_thread + 64} (64 for addresses, the A slice and the norm)")
         if self.REUSE_RSTD and not self.PERSISTENT:
             errors.append("REUSE_RSTD=True needs PERSISTENT=True (rstd is reused across the N-tiles one CTA walks)")
-        if self.SHARED_RSTD and not self.PERSISTENT:
-            errors.append("SHARED_RSTD=True needs PERSISTENT=True (its cross-CTA waits are deadlock-free only when "
-                          "every CTA is resident and walks its tiles in increasing order)")
-        if self.SHARED_RSTD and self.REUSE_RSTD:
-            errors.append("SHARED_RSTD=True and REUSE_RSTD=True are exclusive (SHARED_RSTD keeps the GROUP_M order "
-                          "and shares rstd across CTAs; REUSE_RSTD changes the order to reuse it within one CTA)")
         if not errors and self.smem_bytes() > SMEM_LIMIT_BYTES:
             errors.append(f"shared memory: estimated {self.smem_bytes()} B > {SMEM_LIMIT_BYTES} B (227 KB) "
                           f"for NUM_STAGES={self.NUM_STAGES}, tile {self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}, "
@@ -310,8 +239,7 @@ DEFAULT_CONFIG = TilingConfig()
 # kernels_tlx.lazy_prenorm`. "nonpersistent" runs each tile in its own CTA (isolates the cross-tile phase
 # bookkeeping); "bn128_s4" halves the accumulator and deepens the ring; "s4_subtile" keeps BLOCK_N=256 with
 # 4 stages by halving the epilogue staging buffer; "reuse_rstd*" walk all N-tiles of an M-tile in one CTA and
-# compute the sum of squares once per M-tile (see TilingConfig.REUSE_RSTD); "shared_rstd*" keep the default /
-# bn128_s4 GEMM (grouped order) and compute it once per M-tile for all CTAs (see TilingConfig.SHARED_RSTD).
+# compute the sum of squares once per M-tile (see TilingConfig.REUSE_RSTD).
 SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "default": DEFAULT_CONFIG,
     "nonpersistent": TilingConfig(PERSISTENT=False),
@@ -319,8 +247,6 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "s4_subtile": TilingConfig(NUM_STAGES=4, EPILOGUE_SUBTILE=True),
     "reuse_rstd": TilingConfig(REUSE_RSTD=True),
     "reuse_rstd_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, REUSE_RSTD=True),
-    "shared_rstd": TilingConfig(SHARED_RSTD=True),
-    "shared_rstd_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, SHARED_RSTD=True),
 }
 
 
@@ -375,37 +301,10 @@ def _starts_row_run(tile_id, first_tile, pid_n):
 
 
 @triton.jit
-def _pack_rstd(rstd, epoch):
-    """SHARED_RSTD: one int64 slot word per row, ``(epoch << 32) | bits(rstd)`` (the fp32 bits zero-extended)."""
-    return (epoch.to(tl.int64) << 32) | rstd.to(tl.uint32, bitcast=True).to(tl.int64)
-
-
-@triton.jit
-def _unpack_rstd(word):
-    """SHARED_RSTD: the fp32 rstd in the low half of a slot word (bit-exact: what the writer computed)."""
-    return word.to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _await_rstd(word, slot_ptrs, row_ok, epoch):
-    """SHARED_RSTD reader: re-poll ``slot_ptrs`` (volatile 64-bit loads: never served from L1) until the high
-    half of every in-bounds row's word is ``epoch``, i.e. the (pid_m, 0) tile of this launch has published it.
-    ``word`` is a first poll issued earlier; rows with ``row_ok == False`` (past M) are never waited on. The
-    loop condition is uniform over the warpgroup (a min-reduction), so all its warps leave the loop together."""
-    ready = ((word >> 32).to(tl.int32) == epoch) | (row_ok == 0)
-    while tl.min(ready.to(tl.int32), axis=0) == 0:
-        word = tl.load(slot_ptrs, mask=row_ok, other=0, volatile=True)
-        ready = ((word >> 32).to(tl.int32) == epoch) | (row_ok == 0)
-    return word
-
-
-@triton.jit(do_not_specialize=["epoch"])  # a new value every launch: no recompiles (e.g. for epoch == 1)
 def _lazy_prenorm_ws_kernel(
     a_desc,  # TMA descriptor of A [M, K], block [BLOCK_M // NUM_CONSUMERS, BLOCK_K]
     b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
     c_desc,  # TMA descriptor of C [M, N], block [BLOCK_M // NUM_CONSUMERS, BLOCK_N (// 2 if EPILOGUE_SUBTILE)]
-    rstd_slots,  # SHARED_RSTD: int64 [>= M] published-rstd words (see _pack_rstd); otherwise None
-    epoch,  # SHARED_RSTD: this launch's epoch, in [1, 2**31 - 1], unique among the launches using rstd_slots
     M,
     N,
     K,
@@ -419,11 +318,9 @@ def _lazy_prenorm_ws_kernel(
     CONSUMER_REGS: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
     REUSE_RSTD: tl.constexpr,
-    SHARED_RSTD: tl.constexpr,  # only ever True together with FUSE_RMSNORM (the host passes False for matmul)
     FUSE_RMSNORM: tl.constexpr,
 ):
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup
-    tl.static_assert(FUSE_RMSNORM or not SHARED_RSTD, "SHARED_RSTD only applies to the fused op")
     STAGE_BYTES: tl.constexpr = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(tlx.dtype_of(a_desc))
 
     # Ring: consumer c's A slice of slot s lives in a_bufs[c * NUM_STAGES + s]; B of slot s in b_bufs[s].
@@ -477,10 +374,6 @@ def _lazy_prenorm_ws_kernel(
                 if REUSE_RSTD:
                     # warp-uniform: every thread of both consumers takes the same branches below
                     new_row = _starts_row_run(tile_id, first_tile, pid_n)
-                if SHARED_RSTD:
-                    # the (pid_m, 0) tile computes this M-tile's sum of squares and publishes rstd; the others
-                    # read it from rstd_slots (CTA-uniform, like new_row)
-                    new_row = pid_n == 0
                 off_cm = pid_m * BLOCK_M + cid * BM_C
                 off_n = pid_n * BLOCK_N
                 acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
@@ -494,8 +387,8 @@ def _lazy_prenorm_ws_kernel(
                     acc = tlx.async_dot(a_tile, b_bufs[s], acc)
                     if FUSE_RMSNORM:
                         # Runs while the wgmma above is in flight; TMA zero-fills out-of-bounds K columns.
-                        if REUSE_RSTD or SHARED_RSTD:
-                            if new_row:  # the other N-tiles of this M-tile reuse its rstd
+                        if REUSE_RSTD:
+                            if new_row:  # later N-tiles of this M-tile reuse the stored rstd
                                 x = tlx.local_load(a_tile).to(tl.float32)
                                 ss += tl.sum(x * x, axis=1)
                         else:
@@ -506,33 +399,12 @@ def _lazy_prenorm_ws_kernel(
                         tlx.barrier_arrive(empty_bars[s_prev])
                     s_prev = s
                     it += 1
-                if SHARED_RSTD:
-                    # Both branches run while the last wgmma is still in flight. Rows past M (the last M-tile) are
-                    # neither published nor waited on. Only the reader's poll result leaves the branch (`word`,
-                    # in the load's own 1-D layout; a placeholder for the writer).
-                    slot_rows = off_cm + tl.arange(0, BM_C)
-                    slot_ok = slot_rows < M
-                    slot_ptrs = rstd_slots + slot_rows
-                    word = tl.zeros([BM_C], dtype=tl.int64)
-                    if new_row:
-                        # Publish before our own epilogue: one single-copy-atomic 64-bit write per row (a relaxed
-                        # gpu-scope exchange: a strong operation in the PTX memory model, performed at L2).
-                        rstd = tl.math.rsqrt(ss / K + eps)
-                        tl.atomic_xchg(slot_ptrs, _pack_rstd(rstd, epoch), mask=slot_ok, sem="relaxed", scope="gpu")
-                        tlx.local_store(rstd_bufs[cid], rstd)
-                    else:
-                        word = tl.load(slot_ptrs, mask=slot_ok, other=0, volatile=True)  # first poll
                 acc = tlx.async_dot_wait(0, acc)
                 tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
 
                 if FUSE_RMSNORM:
                     rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD it outlives the tile
-                    if SHARED_RSTD:
-                        if not new_row:
-                            # after the slot release, so the producer keeps filling the ring while we (rarely) spin
-                            word = _await_rstd(word, slot_ptrs, slot_ok, epoch)
-                            tlx.local_store(rstd_buf, _unpack_rstd(word))
-                    elif REUSE_RSTD:
+                    if REUSE_RSTD:
                         if new_row:  # else: rstd of this M-tile, stored by this consumer at an earlier tile
                             tlx.local_store(rstd_buf, tl.math.rsqrt(ss / K + eps))
                     else:
@@ -579,46 +451,7 @@ def _validate(a, b, eps, fuse: bool, *, need_cuda: bool) -> tuple[int, int, int]
     return M, N, K
 
 
-# --- SHARED_RSTD: the published-rstd slots and the launch epoch ------------------------------------------------
-_EPOCH_MAX = 2**31 - 1  # epochs travel as an i32 kernel argument
-_rstd_epoch = 0  # the last epoch handed out (module-wide, so epochs are unique per process)
-_RSTD_SLOTS: dict = {}  # (device type, device index, stream) -> zeroed int64 tensor, grown to the largest M
-
-
-def _rstd_slots(device: torch.device, M: int, stream: int = 0) -> torch.Tensor:
-    """The int64 rstd slot buffer of ``(device, stream)``, at least ``M`` long (row i of a launch uses slot i).
-
-    Zero-initialized once (epoch 0 is never handed out, so a fresh slot never looks published) and never cleared
-    between launches: a launch only trusts words stamped with its own, new epoch. Grown (to a fresh zeroed buffer,
-    stream-ordered after the launches still using the old one) when a larger M comes along, so memory stays at
-    8 bytes x the largest M seen. Keyed by stream too, so that launches on two streams never overwrite each
-    other's slots (that would make a reader wait for a word that is never written again)."""
-    key = (device.type, device.index, stream)
-    buf = _RSTD_SLOTS.get(key)
-    if buf is None or buf.numel() < M:
-        size = M if buf is None else max(M, 2 * buf.numel())
-        buf = torch.zeros(size, dtype=torch.int64, device=device)
-        _RSTD_SLOTS[key] = buf
-    return buf
-
-
-def _next_epoch() -> int:
-    """A new launch epoch in [1, 2**31 - 1]. On wrap-around every slot buffer is zeroed (stream-ordered before the
-    next launch), so a word left by the launch that used the same epoch 2**31 - 1 launches ago cannot match."""
-    global _rstd_epoch
-    _rstd_epoch += 1
-    if _rstd_epoch > _EPOCH_MAX:
-        for buf in _RSTD_SLOTS.values():
-            buf.zero_()
-        _rstd_epoch = 1
-    return _rstd_epoch
-
-
-def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int, rstd_slots=None, epoch: int = 1):
-    """(args, grid, kwargs) of one launch. With ``SHARED_RSTD`` and the fused op, ``rstd_slots`` / ``epoch`` are the
-    slot buffer and this launch's epoch (a fresh zeroed buffer when None, e.g. for compile-only); otherwise the
-    kernel gets None / 0 and SHARED_RSTD=False, i.e. exactly the default grouped-order kernel (``matmul`` of a
-    SHARED_RSTD config is the plain persistent GEMM)."""
+def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int):
     M, K = a.shape
     N = b.shape[1]
     bm_c = cfg.rows_per_consumer
@@ -628,15 +461,7 @@ def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int, rstd
     c_desc = TensorDescriptor.from_tensor(c, [bm_c, bn_store])
     num_tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     grid = (min(num_sms, num_tiles), ) if cfg.PERSISTENT else (num_tiles, )
-    shared = cfg.SHARED_RSTD and fuse
-    if shared:
-        if rstd_slots is None:
-            rstd_slots = torch.zeros(M, dtype=torch.int64, device=a.device)
-        if rstd_slots.dtype != torch.int64 or rstd_slots.numel() < M or not 1 <= epoch <= _EPOCH_MAX:
-            raise ValueError("SHARED_RSTD needs an int64 slot buffer of >= M words and an epoch in [1, 2**31 - 1]")
-    else:
-        rstd_slots, epoch = None, None  # constexpr None: the kernel gets no extra parameters at all
-    args = (a_desc, b_desc, c_desc, rstd_slots, epoch, M, N, K, float(eps) if eps is not None else 1e-6)
+    args = (a_desc, b_desc, c_desc, M, N, K, float(eps) if eps is not None else 1e-6)
     kwargs = dict(
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
@@ -647,15 +472,10 @@ def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int, rstd
         CONSUMER_REGS=cfg.CONSUMER_REGS,
         EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE,
         REUSE_RSTD=cfg.REUSE_RSTD,
-        SHARED_RSTD=shared,
         FUSE_RMSNORM=fuse,
         num_warps=_PRODUCER_WARPS,  # the default (producer) task; consumers add 4 warps each
         num_stages=1,  # no compiler pipelining: the ring above is explicit
     )
-    if shared and _COOPERATIVE_SHARED_RSTD:
-        # The cross-CTA waits need every CTA resident at once: a cooperative launch fails with an error
-        # (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) instead of hanging when that cannot be guaranteed.
-        kwargs["launch_cooperative_grid"] = True
     return args, grid, kwargs
 
 
@@ -663,15 +483,7 @@ def _run(a, b, eps, fuse: bool, config) -> torch.Tensor:
     cfg = TilingConfig.from_dict(config)
     M, N, K = _validate(a, b, eps, fuse, need_cuda=True)
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    slots, epoch = None, 1
-    if cfg.SHARED_RSTD and fuse:
-        if torch.cuda.is_current_stream_capturing():
-            # a replayed launch would reuse its captured epoch and could read the previous replay's rstd
-            raise RuntimeError("SHARED_RSTD cannot be captured in a CUDA graph (the launch epoch is a host-side "
-                               "argument); use a config without SHARED_RSTD")
-        slots = _rstd_slots(a.device, M, torch.cuda.current_stream(a.device).cuda_stream)
-        epoch = _next_epoch()
-    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, _num_sms(a.device), slots, epoch)
+    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, _num_sms(a.device))
     _lazy_prenorm_ws_kernel[grid](*args, **kwargs)
     return c
 
@@ -719,7 +531,6 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
         TypeError: non-tensors, mixed dtypes, or a dtype other than bf16/fp16.
         ValueError: wrong ranks, mismatched K, non-contiguous or misaligned inputs, ``eps <= 0``, non-CUDA
             tensors, or an invalid config.
-        RuntimeError: a ``SHARED_RSTD`` config during CUDA-graph capture (its launch epoch is a host argument).
 
     Sources: PyTorch blog "Towards Free Normalization",
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
@@ -730,9 +541,8 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
 
 def _ptx_extras(ptx: str) -> dict:
     """Extra PTX facts: shared loads issued between a wgmma commit and the next wgmma wait (the sum of
-    squares overlapping the MMA), wgmma commits directly followed by a predicated branch (REUSE_RSTD /
-    SHARED_RSTD skipping the sum of squares), ``wait_group`` counts, setmaxnreg values, ``ldmatrix`` (layout
-    conversions), and SHARED_RSTD's volatile 64-bit polls and relaxed 64-bit exchanges of the rstd slots."""
+    squares overlapping the MMA), wgmma commits directly followed by a predicated branch (REUSE_RSTD skipping
+    the sum of squares), ``wait_group`` counts, setmaxnreg values, ``ldmatrix`` (layout conversions)."""
     in_flight = 0
     pending = False
     branch_after_commit = 0
@@ -752,9 +562,6 @@ def _ptx_extras(ptx: str) -> dict:
         elif pending and s.startswith("ld.shared"):
             in_flight += 1
     return {
-        # SHARED_RSTD: the readers' volatile polls of rstd_slots and the writers' 64-bit publication
-        "ld_volatile_global": len(re.findall(r"\bld\.volatile\.global\.b64\b", ptx)),
-        "atom_exch_b64": len(re.findall(r"\batom\.global\.gpu\.relaxed\.exch\.b64\b", ptx)),
         "ld_shared_v4": len(re.findall(r"\bld\.shared\.v4\.", ptx)),
         "ld_shared_during_wgmma": in_flight,
         "branch_after_wgmma_commit": branch_after_commit,
@@ -782,7 +589,7 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
 
     Returns:
         ``normfuse.compile_only.summarize(compiled)`` (ptx_markers, shared_bytes, num_warps, smem_ok,
-        cluster_dims) plus ``ptx_extra`` (see ``_ptx_extras``), ``ptx_sha256``, ``grid``, ``config`` and
+        cluster_dims) plus ``ptx_extra`` (see ``_ptx_extras``), ``grid``, ``config`` and
         ``smem_estimate``.
 
     Raises:
@@ -801,7 +608,6 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     compiled = _lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kwargs)
     out = summarize(compiled)
     out["ptx_extra"] = _ptx_extras(compiled.asm["ptx"])
-    out["ptx_sha256"] = hashlib.sha256(compiled.asm["ptx"].encode()).hexdigest()
     out["grid"] = list(grid)
     out["config"] = cfg.to_dict()
     out["smem_estimate"] = cfg.smem_bytes(a.element_size())
@@ -821,8 +627,6 @@ _CHECK_SHAPES = [  # (M, N, K): a block-aligned shape first, then partial/empty 
     # REUSE_RSTD with every tail: 140 M-tiles (the last one holds 1 row: consumer 1 wholly out of bounds) x 4 or
     # 8 N-tiles (the last one partial), K tail; the CTA owning the last M-tile walks all of its N-tiles on one
     # rstd, and other chunks start inside an M-tile (checked on CPU in tests/tlx)
-    # SHARED_RSTD: 140 M-tiles = 17 full groups of 8 + a partial group of 4 (writer ids still precede readers),
-    # the last M-tile's consumer 1 publishes / waits on nothing (all its rows are past M)
     (17793, 1000, 1000),
     (262144, 1024, 1024),  # blog benchmark shape, persistent loop of 62 tiles per CTA
 ]
@@ -835,9 +639,7 @@ def _self_check(argv=None) -> int:
 
     A hung launch (barrier deadlock) aborts the process after ``--hang-timeout`` seconds with a traceback
     (faulthandler), so the last ``[run ]`` line names the culprit. Output buffers are NaN-poisoned first, so a
-    kernel that skips a tile cannot pass on a stale result of the previous launch. SHARED_RSTD configs also run
-    "fused relaunch": the fused op again at the same shape right after, on A with every row rescaled, which
-    fails if a reader ever takes an rstd word of the previous launch (epoch bookkeeping).
+    kernel that skips a tile cannot pass on a stale result of the previous launch.
     """
     import argparse
     import faulthandler
@@ -878,34 +680,15 @@ def _self_check(argv=None) -> int:
             cache[(M, N, K)] = (inp, ref_m, _spec.tolerance(ref_m, same_m), ref_f, _spec.tolerance(ref_f, same_f))
         return cache[(M, N, K)]
 
-    rescaled: dict = {}
-
-    def case_rescaled(M, N, K):
-        # SHARED_RSTD relaunch check: the same shape again right after, with every row of A rescaled by its own
-        # factor in [1/8, 8), so rstd changes per row. A reader that took a word of the previous launch (stale
-        # epoch logic) would scale row i by that launch's rstd, i.e. off by the row's factor: far out of tolerance.
-        if (M, N, K) not in rescaled:
-            inp = case(M, N, K)[0]
-            g = torch.Generator(device=_DEVICE).manual_seed(1)
-            scale = torch.exp2(torch.rand(M, 1, generator=g, device=_DEVICE) * 6 - 3)
-            inp2 = {**inp, "a": (inp["a"].float() * scale).to(inp["a"].dtype)}
-            ref2, same2 = _spec.references("fused", inp2, eps)
-            rescaled[(M, N, K)] = (inp2, ref2, _spec.tolerance(ref2, same2))
-        return rescaled[(M, N, K)]
-
     failures = []
     for name in names:
         cfg = SHIPPED_CONFIGS[name]
         for (M, N, K) in shapes:
             inp, ref_m, tol_m, ref_f, tol_f = case(M, N, K)
             a, bf = inp["a"], inp["b_folded"]
-            ops = [("matmul", lambda: matmul(a, bf, config=cfg), ref_m, tol_m),
-                   ("lazy_rmsnorm_matmul", lambda: lazy_rmsnorm_matmul(a, bf, eps=eps, config=cfg), ref_f, tol_f)]
-            if cfg.SHARED_RSTD:
-                inp2, ref_f2, tol_f2 = case_rescaled(M, N, K)
-                a2 = inp2["a"]
-                ops.append(("fused relaunch", lambda: lazy_rmsnorm_matmul(a2, bf, eps=eps, config=cfg), ref_f2, tol_f2))
-            for op, fn, ref, tol in ops:
+            for op, fn, ref, tol in (("matmul", lambda: matmul(a, bf, config=cfg), ref_m, tol_m),
+                                     ("lazy_rmsnorm_matmul",
+                                      lambda: lazy_rmsnorm_matmul(a, bf, eps=eps, config=cfg), ref_f, tol_f)):
                 torch.full((M, N), float("nan"), dtype=a.dtype, device=_DEVICE)  # poison the allocator's block
                 print(f"[run ] {name:19s} {op:20s} M={M} N={N} K={K} ...", end=" ", flush=True)
                 t0 = time.perf_counter()
@@ -917,7 +700,6 @@ def _self_check(argv=None) -> int:
                 print(f"{'ok  ' if res['ok'] else 'FAIL'} max_abs={res['max_abs_err']:.3e} tol={tol:.3e} "
                       f"rel={res['rel_err']:.2e} ({time.perf_counter() - t0:.1f}s)", flush=True)
     cache.clear()
-    rescaled.clear()
     torch.cuda.empty_cache()
 
     if not (args.quick or args.no_bench):

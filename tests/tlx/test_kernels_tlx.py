@@ -5,17 +5,12 @@
    mbarrier and setmaxnreg in the PTX, shared memory within 227 KB (and close to ``TilingConfig.smem_bytes``),
    the warp count, the ``async_dot_wait(1)`` pipelining, no accumulator layout conversion (no ldmatrix), and
    -- for the fused op only -- shared-memory loads of the A tile issued between the wgmma commit and its wait
-   (the sum of squares overlapping the MMA); with REUSE_RSTD / SHARED_RSTD, the sum of squares sits behind a
-   branch right after the wgmma commit; with SHARED_RSTD, the fused kernel publishes rstd with 64-bit relaxed
-   exchanges and polls it with ``ld.volatile.global.b64``, while its ``matmul`` is bit-identical PTX to the
-   config without SHARED_RSTD. Subprocess: the fake driver is process-global.
+   (the sum of squares overlapping the MMA); with REUSE_RSTD, the sum of squares sits behind a branch right
+   after the wgmma commit. Subprocess: the fake driver is process-global.
 1b. The tile schedule (``_tile_range``, ``_tile_coords``, ``_starts_row_run``: the very helpers both the
    producer and the consumers call) run under ``TRITON_INTERPRET=1`` in a plain Triton probe kernel: every tile
    exactly once, and with REUSE_RSTD the sum of squares is computed exactly on the first tile of every run of
-   one M-tile within a CTA (so each reused rstd was stored by the same consumer for the same M-tile). For
-   SHARED_RSTD (grouped order): every CTA walks increasing tile ids and every (m, n > 0) tile has a larger id
-   than (m, 0), so no wait can close a cycle; also checked in plain Python over many shapes (partial groups) and
-   by a wait-for simulation. The rstd slot helpers (pack, unpack, masked wait) run in the interpreter too.
+   one M-tile within a CTA (so each reused rstd was stored by the same consumer for the same M-tile).
 2. Config validation and input validation (in-process; raised before anything is compiled or launched).
 3. GPU (marker ``gpu``, skipped without CUDA): every shipped config through the sweep worker's check.
 
@@ -84,9 +79,8 @@ for name, cfg in configs.items():
             out[f"{name}/{op}/{M}x{N}x{K}"] = compile_sm90(op, a, b, eps=1e-6, config=None if name == "default" else cfg)
 print(json.dumps(out))
 """
-# every shipped config, plus accepted-but-unshipped single-consumer ones (BLOCK_M = 64, 8 warps)
-COMPILE_CONFIGS = {**SHIPPED_CONFIGS, "single_consumer": TilingConfig(BLOCK_M=64, NUM_CONSUMERS=1),
-                   "single_consumer_shared": TilingConfig(BLOCK_M=64, NUM_CONSUMERS=1, SHARED_RSTD=True)}
+# every shipped config, plus an accepted-but-unshipped single-consumer one (BLOCK_M = 64, 8 warps)
+COMPILE_CONFIGS = {**SHIPPED_CONFIGS, "single_consumer": TilingConfig(BLOCK_M=64, NUM_CONSUMERS=1)}
 
 
 @pytest.fixture(scope="module")
@@ -127,22 +121,12 @@ def test_compile_sm90(compiled, name, op, shape):
         # the sum of squares reads the A tile from shared memory while the wgmma is in flight
         assert x["ld_shared_v4"] > 0, s
         assert x["ld_shared_during_wgmma"] >= x["ld_shared_v4"] > 0, s
-        # REUSE_RSTD / SHARED_RSTD: each consumer skips it (a branch right after its wgmma commit) on the N-tiles
-        # that reuse rstd
-        skips = cfg.REUSE_RSTD or cfg.SHARED_RSTD
-        assert x["branch_after_wgmma_commit"] == (cfg.NUM_CONSUMERS if skips else 0), s
-        if cfg.SHARED_RSTD:
-            # each consumer publishes its rows with one relaxed 64-bit exchange and polls them with volatile 64-bit
-            # loads (the first poll and the spin loop's)
-            assert x["atom_exch_b64"] == cfg.NUM_CONSUMERS, s
-            assert x["ld_volatile_global"] >= 2 * cfg.NUM_CONSUMERS, s
-            assert s["grid"] == [min(ktlx.H200_NUM_SMS, tiles)], s  # persistent: all CTAs co-resident
+        # REUSE_RSTD: each consumer skips it (a branch right after its wgmma commit) on the reused N-tiles
+        assert x["branch_after_wgmma_commit"] == (cfg.NUM_CONSUMERS if cfg.REUSE_RSTD else 0), s
     else:
         # the GEMM baseline is the same kernel without the norm: no vector shared loads at all
         assert x["ld_shared_v4"] == 0 and x["ld_shared_during_wgmma"] == 0, s
         assert x["branch_after_wgmma_commit"] == 0, s
-    if not (op == "lazy_rmsnorm_matmul" and cfg.SHARED_RSTD):
-        assert x["atom_exch_b64"] == 0 and x["ld_volatile_global"] == 0, s
 
 
 def test_reuse_rstd_keeps_the_kernel_shape(compiled):
@@ -160,28 +144,6 @@ def test_reuse_rstd_keeps_the_kernel_shape(compiled):
                 assert r["shared_bytes"] == b["shared_bytes"], (name, op, r, b)
                 assert r["ptx_extra"]["ld_shared_v4"] == b["ptx_extra"]["ld_shared_v4"], (name, op, r, b)
                 assert r["grid"] == b["grid"], (name, op, r, b)
-
-
-def test_shared_rstd_keeps_the_gemm(compiled):
-    # SHARED_RSTD leaves `matmul` alone (bit-identical PTX: the very same compile as its twin without it) and adds
-    # only a few bytes of reduction scratch (the wait's all-rows-ready test) to the fused kernel
-    n_shared = 0
-    for name, cfg in COMPILE_CONFIGS.items():
-        if not cfg.SHARED_RSTD:
-            continue
-        n_shared += 1
-        base = dataclasses.replace(cfg, SHARED_RSTD=False)
-        twins = [n for n, c in COMPILE_CONFIGS.items() if c == base]
-        assert twins, f"{name}: no compiled twin without SHARED_RSTD to compare with"
-        for (M, N, K) in COMPILE_SHAPES:
-            key, twin = f"{name}/{{}}/{M}x{N}x{K}", f"{twins[0]}/{{}}/{M}x{N}x{K}"
-            g, gb = compiled[key.format("matmul")], compiled[twin.format("matmul")]
-            assert g["ptx_sha256"] == gb["ptx_sha256"] and g["shared_bytes"] == gb["shared_bytes"], (name, g, gb)
-            f, fb = compiled[key.format("lazy_rmsnorm_matmul")], compiled[twin.format("lazy_rmsnorm_matmul")]
-            assert 0 <= f["shared_bytes"] - fb["shared_bytes"] <= 64, (name, f, fb)
-            assert f["ptx_extra"]["ld_shared_v4"] == fb["ptx_extra"]["ld_shared_v4"], (name, f, fb)
-            assert f["grid"] == fb["grid"] and f["shared_bytes"] <= SMEM_LIMIT_BYTES, (name, f, fb)
-    assert n_shared >= 3
 
 
 def test_fused_costs_little_shared_memory(compiled):
@@ -237,8 +199,7 @@ print(json.dumps(out))
 # (M, N): single tile, M/N tails with fewer tiles than SMs, chunks starting inside an M-tile, and the GPU
 # self-check's REUSE_RSTD tail shape (17793 = 139 * 128 + 1)
 _SCHEDULE_SHAPES = [(1, 1000), (257, 520), (1000, 1000), (4096, 2048), (17793, 1000)]
-_SCHEDULE_CONFIGS = {n: c for n, c in SHIPPED_CONFIGS.items()
-                     if c.REUSE_RSTD or c.SHARED_RSTD or n in ("default", "bn128_s4")}
+_SCHEDULE_CONFIGS = {n: c for n, c in SHIPPED_CONFIGS.items() if c.REUSE_RSTD or n in ("default", "bn128_s4")}
 
 
 def _grouped_coords(t, num_pid_m, num_pid_n, group_m):
@@ -256,32 +217,9 @@ def schedules() -> dict:
     return json.loads(_run_python(_SCHEDULE_SCRIPT, json.dumps(jobs), interpret=True).strip().splitlines()[-1])
 
 
-def _shared_rstd_waits_complete(runs, coords) -> bool:
-    """Wait-for simulation of SHARED_RSTD: every CTA walks its tile list in order; a (m, n > 0) tile can finish only
-    once (m, 0) has published (the writer publishes as part of its tile and waits on nothing). Any CTA whose
-    current tile is ready advances; returns True iff every tile finishes (no CTA stuck forever in any order of
-    progress, since the set of tiles that can finish only grows)."""
-    published = set()
-    pos = [0] * len(runs)
-    progress = True
-    while progress:
-        progress = False
-        for p, run in enumerate(runs):
-            while pos[p] < len(run):
-                m, n = coords(run[pos[p]])
-                if n and m not in published:
-                    break
-                if n == 0:
-                    published.add(m)
-                pos[p] += 1
-                progress = True
-    return all(pos[p] == len(run) for p, run in enumerate(runs))
-
-
 def test_schedule_configs_present():
-    assert {"reuse_rstd", "reuse_rstd_bn128_s4", "shared_rstd", "shared_rstd_bn128_s4"} <= set(_SCHEDULE_CONFIGS)
+    assert {"reuse_rstd", "reuse_rstd_bn128_s4"} <= set(_SCHEDULE_CONFIGS)
     assert all(_SCHEDULE_CONFIGS[n].REUSE_RSTD for n in ("reuse_rstd", "reuse_rstd_bn128_s4"))
-    assert all(_SCHEDULE_CONFIGS[n].SHARED_RSTD for n in ("shared_rstd", "shared_rstd_bn128_s4"))
 
 
 @pytest.mark.parametrize("name", list(_SCHEDULE_CONFIGS))
@@ -303,15 +241,6 @@ def test_tile_schedule(schedules, name, shape):
         for run in runs:
             for tid, pm, pn, _ in run:
                 assert (pm, pn) == _grouped_coords(tid, num_pid_m, num_pid_n, cfg.GROUP_M)
-            assert [t[0] for t in run] == sorted(t[0] for t in run)  # increasing tile ids within each CTA
-        if cfg.SHARED_RSTD:
-            # every wait (m, n > 0) -> (m, 0) points to a strictly smaller tile id, hence no cycle ...
-            writer = {pm: tid for run in runs for tid, pm, pn, _ in run if pn == 0}
-            assert len(writer) == num_pid_m
-            assert all(tid > writer[pm] for run in runs for tid, pm, pn, _ in run if pn), (M, N)
-            # ... and in every order of progress, all CTAs finish
-            coords = {tid: (pm, pn) for run in runs for tid, pm, pn, _ in run}
-            assert _shared_rstd_waits_complete([[t[0] for t in run] for run in runs], coords.__getitem__)
         return
     sizes = [len(run) for run in runs]
     assert max(sizes) - min(sizes) <= 1, sizes  # balanced chunks
@@ -333,83 +262,6 @@ def test_tile_schedule(schedules, name, shape):
         assert len(last) == num_pid_n and sum(t[3] for t in last) == 1, last
         assert any(run[0][2] != 0 for run in runs)
         assert N % cfg.BLOCK_N and M % cfg.BLOCK_M <= cfg.rows_per_consumer
-
-
-@pytest.mark.parametrize("group_m", [1, 3, 8])
-def test_shared_rstd_writer_precedes_readers(group_m):
-    """Plain-Python check of the SHARED_RSTD deadlock-freedom premise for the grouped order, over shapes with full
-    and partial last groups, N below one tile, M = 1 and grids smaller and larger than the tile count: every
-    (m, n > 0) tile id exceeds (m, 0)'s, each CTA's ids increase, and the wait-for simulation completes."""
-    shapes = [(1, 1000), (129, 264), (257, 520), (1000, 1000), (1100, 4096), (17793, 1000), (4096, 2048),
-              (9 * 128, 3 * 256), (262144, 1024)]
-    checked_partial = False
-    for M, N in shapes:
-        for block_n in (128, 256):
-            num_pid_m, num_pid_n = -(-M // 128), -(-N // block_n)
-            num_tiles = num_pid_m * num_pid_n
-            coords = [_grouped_coords(t, num_pid_m, num_pid_n, group_m) for t in range(num_tiles)]
-            assert sorted(coords) == [(m, n) for m in range(num_pid_m) for n in range(num_pid_n)]
-            first = {}
-            for t, (m, n) in enumerate(coords):
-                if n == 0:
-                    first[m] = t
-                else:
-                    assert m in first and t > first[m], (M, N, block_n, group_m, t, m, n)
-            checked_partial |= num_pid_m % group_m != 0 and num_pid_n > 1
-            for grid in {min(ktlx.H200_NUM_SMS, num_tiles), min(7, num_tiles)}:
-                runs = [list(range(p, num_tiles, grid)) for p in range(grid)]  # _tile_range's default order
-                assert _shared_rstd_waits_complete(runs, coords.__getitem__), (M, N, block_n, group_m, grid)
-    assert checked_partial or group_m == 1
-
-
-def test_shared_rstd_simulation_detects_a_cycle():
-    # the simulation is not vacuous: a reader ordered before its writer in the same CTA never finishes
-    coords = {0: (0, 1), 1: (0, 0)}.__getitem__
-    assert not _shared_rstd_waits_complete([[0, 1]], coords)
-    assert _shared_rstd_waits_complete([[1], [0]], coords)
-
-
-_SLOTS_SCRIPT = r"""
-import json, struct, sys, torch, triton, triton.language as tl
-from kernels_tlx.lazy_prenorm import _await_rstd, _pack_rstd, _unpack_rstd
-
-@triton.jit
-def publish(slots_ptr, rstd_ptr, M, epoch, BM: tl.constexpr):
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    ok = rows < M
-    rstd = tl.load(rstd_ptr + rows, mask=ok, other=0.0)
-    tl.atomic_xchg(slots_ptr + rows, _pack_rstd(rstd, epoch), mask=ok, sem="relaxed", scope="gpu")
-
-@triton.jit
-def read(slots_ptr, out_ptr, M, epoch, BM: tl.constexpr):
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    ok = rows < M
-    ptrs = slots_ptr + rows
-    word = tl.load(ptrs, mask=ok, other=0, volatile=True)
-    word = _await_rstd(word, ptrs, ok, epoch)
-    tl.store(out_ptr + rows, _unpack_rstd(word), mask=ok)
-
-M, BM = 100, 64  # the second block has 36 rows in bounds; the slots past M hold a stale epoch
-vals = torch.tensor([2.0 ** -20, 0.5, 1.0, 3.0e-3, 1.7e5] * 20, dtype=torch.float32)
-slots = torch.zeros(128, dtype=torch.int64)
-slots[M:] = (6 << 32) | 123  # rows past M: an older launch's words, never waited on
-publish[(2, )](slots, vals, M, 7, BM=BM)
-out = torch.zeros(128, dtype=torch.float32)
-read[(2, )](slots, out, M, 7, BM=BM)
-print(json.dumps({"hi": (slots[:M] >> 32).tolist(), "lo_bits": (slots[:M] & 0xFFFFFFFF).tolist(),
-                  "want_bits": [struct.unpack("<I", struct.pack("<f", v))[0] for v in vals.tolist()],
-                  "out": out[:M].tolist(), "vals": vals.tolist(), "tail": slots[M:].tolist()}))
-"""
-
-
-def test_rstd_slot_words_roundtrip_and_mask():
-    """The slot helpers under the interpreter: (epoch << 32) | bits(rstd), bit-exact unpacking, and a wait that
-    returns although the slots past M carry an old epoch (masked rows are never waited on)."""
-    r = json.loads(_run_python(_SLOTS_SCRIPT, interpret=True, timeout=120).strip().splitlines()[-1])
-    assert r["hi"] == [7] * 100
-    assert r["lo_bits"] == r["want_bits"]
-    assert r["out"] == r["vals"]
-    assert r["tail"] == [(6 << 32) | 123] * 28
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -434,17 +286,6 @@ def test_config_defaults_and_roundtrip():
     assert SHIPPED_CONFIGS["reuse_rstd"] == dataclasses.replace(DEFAULT_CONFIG, REUSE_RSTD=True)
     assert SHIPPED_CONFIGS["reuse_rstd_bn128_s4"] == dataclasses.replace(SHIPPED_CONFIGS["bn128_s4"], REUSE_RSTD=True)
     assert TilingConfig.from_dict({"REUSE_RSTD": True}) == SHIPPED_CONFIGS["reuse_rstd"]
-    # the SHARED_RSTD configs: the default / bn128_s4 tiles and order, rstd shared across CTAs
-    assert c.SHARED_RSTD is False
-    assert SHIPPED_CONFIGS["shared_rstd"] == dataclasses.replace(DEFAULT_CONFIG, SHARED_RSTD=True)
-    assert SHIPPED_CONFIGS["shared_rstd_bn128_s4"] == dataclasses.replace(SHIPPED_CONFIGS["bn128_s4"],
-                                                                          SHARED_RSTD=True)
-    assert TilingConfig.from_dict({"SHARED_RSTD": True}) == SHIPPED_CONFIGS["shared_rstd"]
-    for name in ("shared_rstd", "shared_rstd_bn128_s4"):
-        cfg = SHIPPED_CONFIGS[name]
-        assert cfg.PERSISTENT and not cfg.REUSE_RSTD and cfg.GROUP_M == 8, name
-        # more than half of an SM's shared memory: one CTA per SM (the co-residency argument)
-        assert SMEM_LIMIT_BYTES // 2 < cfg.smem_bytes() <= SMEM_LIMIT_BYTES, name
     with pytest.raises(dataclasses.FrozenInstanceError):
         DEFAULT_CONFIG.BLOCK_M = 64  # type: ignore[misc]
 
@@ -482,9 +323,6 @@ def test_config_defaults_and_roundtrip():
     ({"EPILOGUE_SUBTILE": "yes"}, "bool"),
     ({"REUSE_RSTD": 1}, "bool"),
     ({"REUSE_RSTD": True, "PERSISTENT": False}, "needs PERSISTENT"),
-    ({"SHARED_RSTD": 1}, "bool"),
-    ({"SHARED_RSTD": True, "PERSISTENT": False}, "SHARED_RSTD=True needs PERSISTENT"),
-    ({"SHARED_RSTD": True, "REUSE_RSTD": True}, "exclusive"),
 ])
 def test_config_errors(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -561,57 +399,6 @@ def test_compile_sm90_argument_errors():
         ktlx.compile_sm90("matmul", a, b, config={"NUM_STAGES": 6})
 
 
-def test_shared_rstd_launch_args():
-    """Host side of SHARED_RSTD (CPU tensors; nothing is launched): the fused op gets the slot buffer, the epoch,
-    SHARED_RSTD=True and a cooperative launch; ``matmul`` of the same config gets exactly the default GEMM's
-    arguments; a bad buffer or epoch is refused."""
-    a, b = _ab(M=300, K=64, N=512)
-    c = torch.empty(300, 512, dtype=torch.bfloat16)
-    cfg = SHIPPED_CONFIGS["shared_rstd"]
-    slots = torch.zeros(300, dtype=torch.int64)
-    args, grid, kw = ktlx._launch_args(a, b, c, 1e-6, True, cfg, 132, slots, 5)
-    assert args[3] is slots and args[4] == 5 and args[5:8] == (300, 512, 64)
-    assert kw["SHARED_RSTD"] is True and kw["REUSE_RSTD"] is False and kw["FUSE_RMSNORM"] is True
-    assert kw.get("launch_cooperative_grid") is ktlx._COOPERATIVE_SHARED_RSTD
-    assert grid == (min(132, 3 * 2), )
-    for fuse, config in ((False, cfg), (False, DEFAULT_CONFIG), (True, DEFAULT_CONFIG)):
-        args, grid_, kw = ktlx._launch_args(a, b, c, 1e-6, fuse, config, 132, slots, 5)
-        assert args[3] is None and args[4] is None and kw["SHARED_RSTD"] is False and grid_ == grid
-        assert "launch_cooperative_grid" not in kw
-    g_shared = ktlx._launch_args(a, b, c, None, False, cfg, 132)[2]
-    g_default = ktlx._launch_args(a, b, c, None, False, DEFAULT_CONFIG, 132)[2]
-    assert g_shared == g_default  # matmul of a SHARED_RSTD config: the default GEMM, same compile
-    args = ktlx._launch_args(a, b, c, 1e-6, True, cfg, 132)[0]  # compile-only: a fresh zeroed buffer
-    assert args[3].dtype == torch.int64 and args[3].numel() == 300 and not args[3].any() and args[4] == 1
-    for bad_slots, epoch in ((torch.zeros(299, dtype=torch.int64), 5), (slots.int(), 5), (slots, 0),
-                             (slots, 2**31)):
-        with pytest.raises(ValueError, match="SHARED_RSTD"):
-            ktlx._launch_args(a, b, c, 1e-6, True, cfg, 132, bad_slots, epoch)
-
-
-def test_rstd_slots_and_epochs(monkeypatch):
-    """Slot buffers: zeroed, one per (device, stream), grown to the largest M; epochs: new on every call, starting
-    at 1, and a wrap-around past 2**31 - 1 zeroes every buffer before epoch 1 is handed out again."""
-    monkeypatch.setattr(ktlx, "_RSTD_SLOTS", {})
-    monkeypatch.setattr(ktlx, "_rstd_epoch", 0)
-    cpu = torch.device("cpu")
-    s1 = ktlx._rstd_slots(cpu, 100)
-    assert s1.dtype == torch.int64 and s1.numel() == 100 and not s1.any()
-    assert ktlx._rstd_slots(cpu, 60) is s1 and ktlx._rstd_slots(cpu, 100) is s1  # smaller M: same buffer
-    s1.fill_((3 << 32) | 77)  # words of earlier launches stay (never cleared between launches)
-    assert ktlx._rstd_slots(cpu, 100) is s1 and s1.all()
-    s2 = ktlx._rstd_slots(cpu, 150)  # larger M: a fresh zeroed buffer, at least doubled
-    assert s2 is not s1 and s2.numel() == 200 and not s2.any()
-    other = ktlx._rstd_slots(cpu, 10, stream=1234)  # another stream never shares slots
-    assert other is not s2 and ktlx._rstd_slots(cpu, 150) is s2
-    assert [ktlx._next_epoch() for _ in range(3)] == [1, 2, 3]
-    monkeypatch.setattr(ktlx, "_rstd_epoch", ktlx._EPOCH_MAX - 1)
-    s2.fill_(ktlx._EPOCH_MAX << 32)
-    assert ktlx._next_epoch() == ktlx._EPOCH_MAX and s2.all()
-    assert ktlx._next_epoch() == 1 and not s2.any() and not other.any()  # wrapped: all slots zeroed
-    assert ktlx._EPOCH_MAX == 2**31 - 1  # travels as an i32 kernel argument
-
-
 def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
     """Run the GPU self-check script (``python -m kernels_tlx.lazy_prenorm``) end to end on the CPU with torch
     stand-ins for the kernels, so that a Python error in it cannot waste GPU time. One stand-in is wrong on
@@ -640,35 +427,15 @@ def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
     rc = ktlx._self_check(["--hang-timeout", "60"])
     out = capsys.readouterr().out
     assert rc == 1, out
-    n_shared = sum(c.SHARED_RSTD for c in SHIPPED_CONFIGS.values())
-    n_runs = len(SHIPPED_CONFIGS) * 2 * 2 + n_shared * 2  # + SHARED_RSTD's relaunch on rescaled rows per shape
+    n_runs = len(SHIPPED_CONFIGS) * 2 * 2
     assert out.count("[run ]") == n_runs and out.count(" ok  ") == n_runs - 2, out
-    assert out.count("fused relaunch") == n_shared * 2 and n_shared == 2, out
     assert "2 FAILURE(S): nonpersistent lazy_rmsnorm_matmul" in out, out
     assert out.count(" TFLOP/s\n") == 1 + 2 * len(SHIPPED_CONFIGS) and "hidden" in out and "GB/s" in out, out
     for name in ("reuse_rstd", "reuse_rstd_bn128_s4"):  # the REUSE_RSTD configs are checked and timed too
         assert out.count(f"[run ] {name} ") == 2 * 2, out
         assert f"tlx fused  [{name}]" in out and f"tlx matmul [{name}]" in out, out
-    for name in ("shared_rstd", "shared_rstd_bn128_s4"):  # and the SHARED_RSTD ones, with their relaunch check
-        assert out.count(f"[run ] {name} ") == 2 * 3, out
-        assert f"tlx fused  [{name}]" in out and f"tlx matmul [{name}]" in out, out
     assert ktlx._self_check(["--config", "reuse_rstd", "--config", "reuse_rstd_bn128_s4", "--no-bench"]) == 0
     assert ktlx._self_check(["--config", "default", "--no-bench"]) == 0
-
-    # the relaunch check catches a stale rstd: a fused stand-in that keeps the first launch's rstd per shape
-    kept = {}
-
-    def stale_fused(a, b, *, eps=1e-6, config=None):
-        from normfuse.techniques import lazy_prenorm as T
-
-        r = kept.setdefault(a.shape, T.rstd(a, eps))
-        return (r[:, None] * (a.float() @ b.float())).to(a.dtype)
-
-    monkeypatch.setattr(ktlx, "lazy_rmsnorm_matmul", stale_fused)
-    capsys.readouterr()
-    assert ktlx._self_check(["--config", "shared_rstd", "--no-bench"]) == 1
-    out = capsys.readouterr().out
-    assert "2 FAILURE(S): shared_rstd fused relaunch" in out, out
 
 
 # --------------------------------------------------------------------------------------------------------
