@@ -100,6 +100,7 @@ import torch
 from helion.runtime.ref_mode import is_ref_mode_enabled
 
 from normfuse.techniques.lazy_prenorm import check_inputs
+from normfuse.tiling import config_from_mapping
 
 __all__ = [
     "TilingConfig",
@@ -409,18 +410,7 @@ class TilingConfig:
         """Build a config from a mapping (e.g. parsed YAML/JSON; lists become tuples). ``None`` gives the
         defaults, a ``TilingConfig`` is returned as is. Raises ValueError for an unknown key (listing the valid
         keys) or an invalid value (naming the constraint), TypeError for a non-mapping."""
-        if d is None:
-            return cls()
-        if isinstance(d, TilingConfig):
-            return d
-        if not isinstance(d, Mapping):
-            raise TypeError(f"config must be a TilingConfig, a mapping or None, got {type(d).__name__}")
-        valid = cls.fields()
-        unknown = sorted(str(k) for k in d if k not in valid)
-        if unknown:
-            raise ValueError(f"unknown TilingConfig key(s) {unknown}; valid keys: {', '.join(valid)}")
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()}
-        return cls(**kw)
+        return config_from_mapping(cls, d)
 
     def to_dict(self) -> dict:
         """JSON-able dict (tuples become lists) that ``from_dict`` accepts."""

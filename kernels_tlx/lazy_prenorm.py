@@ -85,6 +85,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from normfuse.techniques import lazy_prenorm as _spec
+from normfuse.tiling import config_from_mapping
 
 SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
 REGISTER_FILE = 65536  # 32-bit registers per SM (and per CTA at most)
@@ -220,17 +221,7 @@ class TilingConfig:
         overrides. Raises ValueError for unknown keys (listing the valid ones) and for values that break a
         constraint (non-power-of-2 tiles, shared memory over 227 KB, register budget, ...); TypeError if ``d``
         is none of these."""
-        if d is None:
-            return cls()
-        if isinstance(d, cls):
-            return d
-        if not isinstance(d, Mapping):
-            raise TypeError(f"config must be None, a TilingConfig or a mapping, got {type(d).__name__}")
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(d) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown TilingConfig key(s) {unknown}; valid keys: {', '.join(valid)}")
-        return cls(**dict(d))
+        return config_from_mapping(cls, d)
 
 
 DEFAULT_CONFIG = TilingConfig()

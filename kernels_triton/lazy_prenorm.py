@@ -119,6 +119,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from normfuse.techniques.lazy_prenorm import check_inputs
+from normfuse.tiling import config_from_mapping
 
 __all__ = [
     "SUMSQ_CHOICES",
@@ -234,17 +235,7 @@ class TilingConfig:
         """Build a config from a (possibly partial) dict; missing keys keep their defaults, ``None`` gives the
         defaults (a ``TilingConfig`` is returned as is). Raises ValueError naming the valid keys for an unknown
         key, ValueError for bad values (see the class docstring), TypeError if ``d`` is not a mapping."""
-        if d is None:
-            return cls()
-        if isinstance(d, TilingConfig):
-            return d
-        if not isinstance(d, Mapping):
-            raise TypeError(f"config must be a dict, a TilingConfig or None, got {type(d).__name__}")
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = [k for k in d.keys() if k not in valid]
-        if unknown:
-            raise ValueError(f"unknown TilingConfig key(s) {unknown}; valid keys: {', '.join(valid)}")
-        return cls(**dict(d))
+        return config_from_mapping(cls, d)
 
     def to_dict(self) -> dict:
         """The config as a plain dict (round-trips through ``from_dict``)."""

@@ -1,0 +1,24 @@
+"""The one way every DSL's typed ``TilingConfig`` is built from a plain mapping (a YAML entry of
+``configs/tiling/*.yaml``, a JSON row, keyword overrides)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+
+def config_from_mapping(cls, d):
+    """``cls()`` for None, ``d`` itself for an instance of ``cls``, else ``cls(**d)`` with lists turned into
+    tuples (configs are frozen and hashable). Raises TypeError for anything else and ValueError naming the
+    valid keys for an unknown key; the dataclass's own ``__post_init__`` checks the values."""
+    if d is None:
+        return cls()
+    if isinstance(d, cls):
+        return d
+    if not isinstance(d, Mapping):
+        raise TypeError(f"config must be None, a {cls.__name__} or a mapping, got {type(d).__name__}")
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(str(k) for k in d if k not in valid)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} key(s) {unknown}; valid keys: {', '.join(valid)}")
+    return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
