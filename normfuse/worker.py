@@ -65,27 +65,6 @@ def _poison_allocator(shape, dtype, device) -> None:
     del t
 
 
-def _torch_baseline(impl: str, inputs: dict, eps: float):
-    """Zero-argument callables for the PyTorch baselines: cuBLAS GEMM, and the RMSNorm compiled by Inductor for
-    this one shape (``dynamic=False`` after a dynamo reset: one function reused across shapes turns dynamic and
-    runs 1.5-2.5x slower)."""
-    import torch
-
-    a, bf = inputs["a"], inputs["b_folded"]
-    if impl == "cublas":
-        return lambda: torch.matmul(a, bf)
-    if impl == "torch_compile_norm":
-        torch._dynamo.reset()
-
-        def rmsnorm(x):
-            xf = x.float()
-            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-        compiled = torch.compile(rmsnorm, dynamic=False)
-        return lambda: compiled(a)
-    raise ValueError(f"unknown baseline impl {impl!r}")
-
-
 def measure(req: dict) -> dict:
     """Check, then (in gpu mode) time one sweep point; returns the result fields of its row."""
     import torch
@@ -122,13 +101,9 @@ def measure(req: dict) -> dict:
         raise RuntimeError("mode=gpu but torch.cuda.is_available() is False")
     inputs = spec.make_inputs(M, N, K, dtype=dtype, device=device, seed=int(req.get("seed", 0)))
     if dsl == registry.BASELINE_DSL:
-        fn = _torch_baseline(impl, inputs, eps)
+        fn = spec.baseline(impl, inputs, eps)
     else:
-        kernel = registry.kernel_function(dsl, req["technique"], impl)
-        if impl == "gemm":
-            fn = lambda: kernel(inputs["a"], inputs["b_folded"], config=config)  # noqa: E731
-        else:
-            fn = lambda: kernel(inputs["a"], inputs["b_folded"], eps=eps, config=config)  # noqa: E731
+        fn = spec.kernel_call(registry.kernel_function(dsl, req["technique"], impl), impl, inputs, eps, config)
 
     t0 = time.perf_counter()
     out = fn()  # first call: compile + warm-up

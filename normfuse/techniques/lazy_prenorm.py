@@ -197,6 +197,38 @@ def references(impl: str, inputs: dict, eps: float) -> tuple[torch.Tensor, torch
     raise ValueError(f"unknown impl {impl!r}; choices: {', '.join(IMPLS)}")
 
 
+# --- how the worker calls each implementation ----------------------------------------------------------------
+def kernel_call(kernel, impl: str, inputs: dict, eps: float, config: dict):
+    """Zero-argument callable running a DSL kernel on ``inputs``: ``matmul(a, b_folded)`` for 'gemm',
+    ``lazy_rmsnorm_matmul(a, b_folded, eps)`` for 'fused' (gamma was folded once, in ``make_inputs``)."""
+    a, bf = inputs["a"], inputs["b_folded"]
+    if impl == "gemm":
+        return lambda: kernel(a, bf, config=config)
+    if impl == "fused":
+        return lambda: kernel(a, bf, eps=eps, config=config)
+    raise ValueError(f"unknown kernel impl {impl!r}; choices: fused, gemm")
+
+
+def baseline(impl: str, inputs: dict, eps: float):
+    """Zero-argument callables for the unfused baselines: 'cublas' (``torch.matmul``, the GEMM of the unfused
+    pair) and 'torch_compile_norm' (RMSNorm without affine, compiled by Inductor for this one shape: a dynamo
+    reset, then ``dynamic=False``; one function reused across shapes turns dynamic and runs 1.5-2.5x slower).
+    The blog's "% hidden" is relative to this norm."""
+    a, bf = inputs["a"], inputs["b_folded"]
+    if impl == "cublas":
+        return lambda: torch.matmul(a, bf)
+    if impl == "torch_compile_norm":
+        torch._dynamo.reset()
+
+        def rmsnorm_no_affine(x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+        compiled = torch.compile(rmsnorm_no_affine, dynamic=False)
+        return lambda: compiled(a)
+    raise ValueError(f"unknown baseline {impl!r}; choices: cublas, torch_compile_norm")
+
+
 # --- the blog's B200 numbers (chart 5, RMSNorm, TLX, B200 @ 750 W, M = 262144), % of norm latency hidden -------
 BLOG_HIDDEN_B200 = {
     (512, 512): 83.93, (512, 1024): 68.14, (512, 2048): 55.81,
