@@ -1,0 +1,131 @@
+r"""Standalone RMSNorm and LayerNorm (forward) over the last dimension: the denominators of every "% hidden"
+figure, and the first thing a reader compares across DSLs.
+
+Math (fp32 statistics, output in the input dtype)::
+
+    RMSNorm:   rstd = rsqrt(mean(x^2) + eps);                   y = x * rstd (* weight)
+    LayerNorm: mean = mean(x); var = mean((x - mean)^2) (biased); rstd = rsqrt(var + eps)
+               y = (x - mean) * rstd (* weight + bias)
+
+Kernels return ``y`` plus the fp32 statistics ``rstd [M]`` (and ``mean [M]`` for LayerNorm), as the fused
+kernels' backward passes need them. Shapes: ``x [M, N]`` (any M >= 1, any N >= 1: kernels mask the row tail),
+``weight``/``bias`` ``[N]`` or None. Dtypes: bf16 on the GPU; fp16/fp32 too (the CPU interpreter runs fp16/fp32).
+
+Status: kernels are CPU-checked (interpreter / ref mode / sm_90 compile); GPU measurements are open work.
+Source of the comparison numbers: torch.compile (the blog's reference norm), QuACK's memory-bound kernels
+(https://github.com/Dao-AILab/quack/blob/main/media/2025-07-10-membound-sol.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from normfuse.techniques.lazy_prenorm import DTYPES, compare, torch_dtype  # noqa: F401  (shared helpers)
+
+NAME = "norms"
+VARIANTS = ("rmsnorm", "layernorm")
+IMPLS = ("norm",)
+NORM_IMPLS = ("torch_compile_norm", "torch_eager_norm")
+# kernel function name per variant in kernels_<dsl>/norms.py
+KERNEL_FUNCTIONS = {"rmsnorm": "rms_norm", "layernorm": "layer_norm"}
+
+
+def check_shape(M: int, N: int, K=None) -> None:
+    """Raise ValueError unless M and N are positive integers (K is not used by this technique)."""
+    for name, v in (("M", M), ("N", N)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+def check_inputs(x: torch.Tensor, weight=None, bias=None, eps=None) -> tuple[int, int]:
+    """Validate ``x [M, N]`` and the optional affine ``weight``/``bias`` ``[N]``; return (M, N).
+
+    Raises TypeError for non-tensors and unsupported or mixed dtypes, ValueError for a wrong rank,
+    non-contiguous ``x``, affine vectors of the wrong shape or device, and ``eps <= 0``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError("x must be a torch.Tensor")
+    if x.dtype not in DTYPES.values():
+        raise TypeError(f"x must be bf16, fp16 or fp32, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [M, N], got {x.dim()}-D")
+    if not x.is_contiguous():
+        raise ValueError("x must be row-major contiguous (call .contiguous())")
+    M, N = x.shape
+    check_shape(M, N)
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is None:
+            continue
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None")
+        if v.shape != (N,):
+            raise ValueError(f"{name} must have shape [N] = [{N}], got {tuple(v.shape)}")
+        if v.device != x.device:
+            raise ValueError(f"{name} is on {v.device}, x on {x.device}")
+    if eps is not None and not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0
+                                and math.isfinite(eps)):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    return M, N
+
+
+def make_inputs(M: int, N: int, K=None, *, dtype: str = "bf16", device: str = "cpu", seed: int = 0,
+                affine: bool = False, mean_shift: float = 0.0) -> dict:
+    """Seeded random ``x [M, N]`` (rows scaled 0.25..4, plus ``mean_shift`` to stress one-pass variance),
+    and with ``affine`` a ``weight`` 1 + 0.1 N(0,1) and ``bias`` 0.1 N(0,1). Never zeros."""
+    check_shape(M, N)
+    dt = torch_dtype(dtype)
+    g = torch.Generator(device=device).manual_seed(seed)
+    scale = torch.exp2(torch.rand(M, 1, generator=g, device=device) * 4 - 2)
+    x = (torch.randn(M, N, generator=g, device=device) * scale + mean_shift).to(dt)
+    out = {"x": x, "weight": None, "bias": None}
+    if affine:
+        out["weight"] = (1 + 0.1 * torch.randn(N, generator=g, device=device)).to(dt)
+        out["bias"] = (0.1 * torch.randn(N, generator=g, device=device)).to(dt)
+    return out
+
+
+def reference(variant: str, inputs: dict, eps: float) -> dict:
+    """fp32 reference: {'y': fp32 [M, N], 'rstd': [M], 'mean': [M] (LayerNorm only)}."""
+    x = inputs["x"].float()
+    w, b = inputs.get("weight"), inputs.get("bias")
+    if variant == "rmsnorm":
+        rstd = torch.rsqrt(x.pow(2).mean(-1) + eps)
+        y = x * rstd[:, None]
+        out = {"rstd": rstd}
+    elif variant == "layernorm":
+        mean = x.mean(-1)
+        rstd = torch.rsqrt((x - mean[:, None]).pow(2).mean(-1) + eps)
+        y = (x - mean[:, None]) * rstd[:, None]
+        out = {"mean": mean, "rstd": rstd}
+    else:
+        raise ValueError(f"unknown variant {variant!r}; choices: {', '.join(VARIANTS)}")
+    if w is not None:
+        y = y * w.float()
+    if b is not None and variant == "layernorm":
+        y = y + b.float()
+    return {"y": y, **out}
+
+
+def same_dtype(variant: str, inputs: dict, eps: float) -> torch.Tensor:
+    """The output as PyTorch computes it in the input dtype (fp32 statistics, then rounded); sets the tolerance."""
+    x, w, b = inputs["x"], inputs.get("weight"), inputs.get("bias")
+    if variant == "rmsnorm":
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def tolerance(ref_y: torch.Tensor, same_y: torch.Tensor, atol_rel: float = 1e-3) -> float:
+    """flash-attention's rule, as in ``lazy_prenorm.tolerance``: 2·max|same-dtype − ref| + atol_rel·max|ref|."""
+    err = (same_y.float() - ref_y).abs().max().item() if ref_y.numel() else 0.0
+    return 2.0 * err + atol_rel * (ref_y.abs().max().item() if ref_y.numel() else 0.0)
+
+
+def flops(impl: str, M: int, N: int, K=None) -> float:
+    """About 4 operations per element (square/subtract, accumulate, scale, cast); memory-bound anyway."""
+    return 4.0 * M * N
+
+
+def bytes_moved(impl: str, M: int, N: int, K=None, itemsize: int = 2) -> float:
+    """The fewest bytes: read x, write y (the fp32 statistics, 4-8 bytes a row, are ignored)."""
+    return 2.0 * M * N * itemsize
