@@ -14,18 +14,25 @@ from pathlib import Path
 
 import pandas as pd
 
-KEY_FIELDS = ("technique", "variant", "dsl", "impl", "M", "N", "K", "dtype", "eps", "config_name", "mode")
+KEY_FIELDS = ("technique", "variant", "dsl", "impl", "M", "N", "K", "dtype", "eps", "config_name", "mode", "options")
 STATUSES = ("ok", "incorrect", "error", "timeout", "unsupported", "compile_only")
 COLUMNS = ("run_id", "experiment", "technique", "variant", "dsl", "impl", "env", "M", "N", "K", "shape_label",
-           "dtype", "eps", "config_name", "config", "status", "error", "max_abs_err", "rel_err", "tol",
+           "dtype", "eps", "options", "config_name", "config", "status", "error", "max_abs_err", "rel_err", "tol",
            "p20_ms", "p50_ms", "p80_ms", "mean_ms", "n_samples", "timing", "compile_s", "tflops", "gbps",
            "hidden_dsl", "hidden_best", "speedup", "frac_cublas", "gpu_name", "power_limit_w", "sm_clock_mhz",
            "hardware", "git_sha", "timestamp", "mode", "seed", "details")
 
 
 def point_key(row: dict) -> tuple:
-    """The identity of a sweep point, used to resume a run."""
-    return tuple(str(row.get(f)) for f in KEY_FIELDS)
+    """The identity of a sweep point, used to resume a run (a missing or empty ``options`` equals ``{}``)."""
+    def norm(f):
+        v = row.get(f)
+        if f == "options":
+            return json.dumps(v or {}, sort_keys=True)
+        if f == "K" and v is not None and v == v:  # K is None for [M, N] techniques; NaN after a DataFrame
+            return str(int(v))
+        return str(None if f == "K" and v != v else v)
+    return tuple(norm(f) for f in KEY_FIELDS)
 
 
 class ResultsStore:
@@ -73,7 +80,7 @@ class ResultsStore:
 def write_tables(df: pd.DataFrame, run_dir: Path) -> None:
     """Write ``results.parquet`` and ``results.csv`` (tidy; nested fields as JSON strings)."""
     out = df.copy()
-    for c in ("config", "details"):
+    for c in ("config", "details", "options"):
         out[c] = out[c].map(lambda v: v if v is None or isinstance(v, str) else json.dumps(v, sort_keys=True))
     cols = [c for c in COLUMNS if c in out.columns] + [c for c in out.columns if c not in COLUMNS]
     out = out[cols]

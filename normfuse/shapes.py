@@ -49,19 +49,19 @@ def expand(shape_cfg) -> list[dict]:
     """Expand a ``shape`` config into a list of points {M, N, K, shape_label}.
 
     Accepted forms (any combination, concatenated):
-      ``grid: {M: [...], N: [...], K: [...]}`` — the Cartesian product;
+      ``grid: {M: [...], N: [...], K: [...]}`` — the Cartesian product (K may be absent: K = None);
       ``points: [{M:, N:, K:}, ...]`` — explicit points;
       ``fc: {tokens: [...], phases: [...], layers: {name: [in, out]}, model: <preset>}`` — linear layers.
     Raises ValueError for an unknown preset or an empty result.
     """
     out: list[dict] = []
     grid = shape_cfg.get("grid")
-    if grid:
-        for M, N, K in product(_as_list(grid["M"]), _as_list(grid["N"]), _as_list(grid["K"])):
-            out.append({"M": int(M), "N": int(N), "K": int(K), "shape_label": f"{M}x{N}x{K}"})
+    if grid:  # K may be absent (techniques on [M, N] tensors, e.g. standalone norms)
+        for M, N, K in product(_as_list(grid["M"]), _as_list(grid["N"]), _as_list(grid.get("K", [None]))):
+            out.append({"M": int(M), "N": int(N), "K": _int_or_none(K), "shape_label": _label(M, N, K)})
     for p in shape_cfg.get("points") or []:
-        out.append({"M": int(p["M"]), "N": int(p["N"]), "K": int(p["K"]),
-                    "shape_label": p.get("label", f"{p['M']}x{p['N']}x{p['K']}")})
+        K = _int_or_none(p.get("K"))
+        out.append({"M": int(p["M"]), "N": int(p["N"]), "K": K, "shape_label": p.get("label", _label(p["M"], p["N"], K))})
     fc = shape_cfg.get("fc")
     if fc:
         layers = dict(fc.get("layers") or {})
@@ -76,6 +76,14 @@ def expand(shape_cfg) -> list[dict]:
     if not out:
         raise ValueError("the shape config expands to no points (give grid, points or fc)")
     return out
+
+
+def _int_or_none(v):
+    return None if v is None else int(v)
+
+
+def _label(M, N, K) -> str:
+    return f"{M}x{N}" if K is None else f"{M}x{N}x{K}"
 
 
 def _as_list(v) -> list:

@@ -52,31 +52,36 @@ def expand_points(cfg: dict, run_mode: str) -> list[dict]:
         raise ValueError("no dsl selected (e.g. dsl=[triton,helion,tlx])")
     tilings = cfg.get("tiling") or {}
     points = []
+    variants = tech.get("variants") or [tech.get("variant")]
+    options = dict(tech.get("options") or {})
+    baselines = cfg.get("baselines") or []
+    for impl in baselines:
+        if impl not in spec.BASELINES:
+            raise ValueError(f"unknown baseline {impl!r} for {tech['name']}; choices: {', '.join(spec.BASELINES)}")
     for shp in shapes.expand(cfg["shape"]):
         spec.check_shape(shp["M"], shp["N"], shp["K"])
-        common = {"technique": tech["name"], "variant": tech.get("variant", "rmsnorm"), "eps": float(tech["eps"]),
-                  **shp}
-        base_mode = "gpu" if run_mode == "gpu" else "cpu"
-        base_dtype = cfg["dtype"] if run_mode == "gpu" else cfg["cpu_dtype"]
-        for impl in cfg.get("baselines") or []:
-            if impl not in registry.BASELINE_IMPLS[tech["name"]]:
-                raise ValueError(f"unknown baseline {impl!r}; choices: {registry.BASELINE_IMPLS[tech['name']]}")
-            points.append({**common, "dsl": registry.BASELINE_DSL, "impl": impl, "env": cfg["baseline_env"],
-                           "mode": base_mode, "dtype": base_dtype, "config_name": "-", "config": {}})
-        for dsl_name, d in dsls.items():
-            mode = "gpu" if run_mode == "gpu" else d["cpu_mode"]
-            dtype = cfg["dtype"] if mode in ("gpu", "compile_only") else cfg["cpu_dtype"]
-            configs = tilings.get(dsl_name)
-            if not configs:
-                raise ValueError(f"tiling list has no configs for dsl {dsl_name!r} (keys: {list(tilings)})")
-            for c in configs:
-                c = dict(c)
-                cname = c.pop("name", None) or json.dumps(c, sort_keys=True)
-                impls = c.pop("impls", None) or tech["impls"]  # e.g. [fused]: the GEMM of these tiles is listed once
-                c.pop("known_incorrect", None)  # a config kept to record a miscompile (see gpu_checks)
-                for impl in impls:
-                    points.append({**common, "dsl": dsl_name, "impl": impl, "env": d["env"], "mode": mode,
-                                   "dtype": dtype, "config_name": cname, "config": c})
+        for variant in variants:
+            common = {"technique": tech["name"], "variant": variant, "eps": float(tech["eps"]), "options": options,
+                      **shp}
+            base_mode = "gpu" if run_mode == "gpu" else "cpu"
+            base_dtype = cfg["dtype"] if run_mode == "gpu" else cfg["cpu_dtype"]
+            for impl in baselines:
+                points.append({**common, "dsl": registry.BASELINE_DSL, "impl": impl, "env": cfg["baseline_env"],
+                               "mode": base_mode, "dtype": base_dtype, "config_name": "-", "config": {}})
+            for dsl_name, d in dsls.items():
+                mode = "gpu" if run_mode == "gpu" else d["cpu_mode"]
+                dtype = cfg["dtype"] if mode in ("gpu", "compile_only") else cfg["cpu_dtype"]
+                configs = tilings.get(dsl_name)
+                if not configs:
+                    raise ValueError(f"tiling list has no configs for dsl {dsl_name!r} (keys: {list(tilings)})")
+                for c in configs:
+                    c = dict(c)
+                    cname = c.pop("name", None) or json.dumps(c, sort_keys=True)
+                    impls = c.pop("impls", None) or tech["impls"]  # e.g. [fused]: the GEMM of these tiles is listed once
+                    c.pop("known_incorrect", None)  # a config kept to record a miscompile (see gpu_checks)
+                    for impl in impls:
+                        points.append({**common, "dsl": dsl_name, "impl": impl, "env": d["env"], "mode": mode,
+                                       "dtype": dtype, "config_name": cname, "config": c})
     return points
 
 

@@ -73,9 +73,11 @@ def measure(req: dict) -> dict:
     from normfuse.techniques import get_technique
 
     spec = get_technique(req["technique"])
-    dsl, impl, mode = req["dsl"], req["impl"], req["mode"]
-    M, N, K = int(req["M"]), int(req["N"]), int(req["K"])
+    dsl, impl, mode, variant = req["dsl"], req["impl"], req["mode"], req.get("variant")
+    M, N = int(req["M"]), int(req["N"])
+    K = int(req["K"]) if req.get("K") is not None else None
     eps, config, dtype = float(req.get("eps", 1e-6)), req.get("config") or {}, req.get("dtype", "bf16")
+    options = req.get("options") or {}
     inject = req.get("inject")
     if inject == "crash":
         os._exit(3)
@@ -90,40 +92,42 @@ def measure(req: dict) -> dict:
             compile_only.install(90)
             _COMPILE_ONLY_INSTALLED = True
         mod = registry.kernel_module(dsl, req["technique"])
-        dt = spec.torch_dtype(dtype)
-        a, b = torch.empty(M, K, dtype=dt), torch.empty(K, N, dtype=dt)
         t0 = time.perf_counter()
-        summary = mod.compile_sm90(registry.KERNEL_IMPLS[req["technique"]][impl], a, b, eps=eps, config=config)
+        summary = mod.compile_sm90(spec.kernel_function_name(impl, variant), *spec.compile_inputs(M, N, K, dtype),
+                                   eps=eps, config=config)
         return {"status": "compile_only", "compile_s": time.perf_counter() - t0, "details": summary}
 
     device = "cuda" if mode == "gpu" else "cpu"
     if mode == "gpu" and not torch.cuda.is_available():
         raise RuntimeError("mode=gpu but torch.cuda.is_available() is False")
-    inputs = spec.make_inputs(M, N, K, dtype=dtype, device=device, seed=int(req.get("seed", 0)))
+    inputs = spec.make_inputs(M, N, K, dtype=dtype, device=device, seed=int(req.get("seed", 0)), **options)
     if dsl == registry.BASELINE_DSL:
-        fn = spec.baseline(impl, inputs, eps)
+        fn = spec.baseline(impl, inputs, eps, variant)
     else:
-        fn = spec.kernel_call(registry.kernel_function(dsl, req["technique"], impl), impl, inputs, eps, config)
+        fn = spec.kernel_call(registry.kernel_function(dsl, req["technique"], impl, variant), impl, inputs, eps,
+                              config, variant)
 
     t0 = time.perf_counter()
     out = fn()  # first call: compile + warm-up
     if device == "cuda":
         torch.cuda.synchronize()
     compile_s = time.perf_counter() - t0
-    _poison_allocator(out.shape, out.dtype, device)
-    del out
+    first = out if isinstance(out, torch.Tensor) else out[0]
+    _poison_allocator(first.shape, first.dtype, device)
+    del out, first
     out = fn()
     if device == "cuda":
         torch.cuda.synchronize()
-    ref, same = spec.references(impl, inputs, eps)
-    check = spec.compare(out, ref, spec.tolerance(ref, same))
-    del ref, same, out
+    check = spec.check(impl, out, inputs, eps, variant)
+    del out
     row = {"compile_s": compile_s, "max_abs_err": check["max_abs_err"], "rel_err": check["rel_err"],
            "tol": check["tol"]}
     if not check["ok"]:
         return {**row, "status": "incorrect",
-                "error": f"max_abs_err {check['max_abs_err']:.3g} > tol {check['tol']:.3g} "
-                         f"(rel_err {check['rel_err']:.2e}); not timed"}
+                "error": f"max_abs_err {check['max_abs_err']:.3g} vs tol {check['tol']:.3g} "
+                         f"(rel_err {check['rel_err']:.2e}"
+                         + "".join(f", {k} {v:.2e}" for k, v in check.items() if k.endswith("_rel_err") and k != "rel_err")
+                         + "); not timed"}
     if mode != "gpu" or req.get("check_only"):
         return {**row, "status": "ok"}
     from normfuse import hardware, timing

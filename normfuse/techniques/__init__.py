@@ -2,7 +2,7 @@
 
 from importlib import import_module
 
-TECHNIQUES = ("lazy_prenorm",)
+TECHNIQUES = ("lazy_prenorm", "norms")
 
 
 def get_technique(name: str):

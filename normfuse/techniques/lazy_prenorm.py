@@ -198,7 +198,30 @@ def references(impl: str, inputs: dict, eps: float) -> tuple[torch.Tensor, torch
 
 
 # --- how the worker calls each implementation ----------------------------------------------------------------
-def kernel_call(kernel, impl: str, inputs: dict, eps: float, config: dict):
+BASELINES = ("cublas", "torch_compile_norm")
+KERNEL_FUNCTIONS = {"fused": "lazy_rmsnorm_matmul", "gemm": "matmul"}
+
+
+def kernel_function_name(impl: str, variant: str | None = None) -> str:
+    """Name of the function implementing ``impl`` in every ``kernels_<dsl>/lazy_prenorm.py``."""
+    if impl not in KERNEL_FUNCTIONS:
+        raise ValueError(f"unknown impl {impl!r} for lazy_prenorm; choices: {', '.join(KERNEL_FUNCTIONS)}")
+    return KERNEL_FUNCTIONS[impl]
+
+
+def compile_inputs(M: int, N: int, K: int, dtype: str) -> tuple:
+    """Uninitialized CPU tensors with the kernel's argument shapes, for the sm_90 compile-only check."""
+    dt = torch_dtype(dtype)
+    return torch.empty(M, K, dtype=dt), torch.empty(K, N, dtype=dt)
+
+
+def check(impl: str, out: torch.Tensor, inputs: dict, eps: float, variant: str | None = None) -> dict:
+    """Errors of ``out`` against the fp32 reference of ``impl``, with the flash-attention tolerance."""
+    ref, same = references(impl, inputs, eps)
+    return compare(out, ref, tolerance(ref, same))
+
+
+def kernel_call(kernel, impl: str, inputs: dict, eps: float, config: dict, variant: str | None = None):
     """Zero-argument callable running a DSL kernel on ``inputs``: ``matmul(a, b_folded)`` for 'gemm',
     ``lazy_rmsnorm_matmul(a, b_folded, eps)`` for 'fused' (gamma was folded once, in ``make_inputs``)."""
     a, bf = inputs["a"], inputs["b_folded"]
@@ -209,7 +232,7 @@ def kernel_call(kernel, impl: str, inputs: dict, eps: float, config: dict):
     raise ValueError(f"unknown kernel impl {impl!r}; choices: fused, gemm")
 
 
-def baseline(impl: str, inputs: dict, eps: float):
+def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
     """Zero-argument callables for the unfused baselines: 'cublas' (``torch.matmul``, the GEMM of the unfused
     pair) and 'torch_compile_norm' (RMSNorm without affine, compiled by Inductor for this one shape: a dynamo
     reset, then ``dynamic=False``; one function reused across shapes turns dynamic and runs 1.5-2.5x slower).

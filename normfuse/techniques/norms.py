@@ -129,3 +129,64 @@ def flops(impl: str, M: int, N: int, K=None) -> float:
 def bytes_moved(impl: str, M: int, N: int, K=None, itemsize: int = 2) -> float:
     """The fewest bytes: read x, write y (the fp32 statistics, 4-8 bytes a row, are ignored)."""
     return 2.0 * M * N * itemsize
+
+
+# --- how the worker calls each implementation ----------------------------------------------------------------
+BASELINES = NORM_IMPLS
+
+
+def kernel_function_name(impl: str, variant: str | None = None) -> str:
+    """``rms_norm`` or ``layer_norm`` in every ``kernels_<dsl>/norms.py``."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r} for norms; choices: {', '.join(IMPLS)}")
+    if variant not in KERNEL_FUNCTIONS:
+        raise ValueError(f"unknown variant {variant!r}; choices: {', '.join(VARIANTS)}")
+    return KERNEL_FUNCTIONS[variant]
+
+
+def compile_inputs(M: int, N: int, K, dtype: str) -> tuple:
+    """An uninitialized CPU ``x [M, N]`` for the sm_90 compile-only check."""
+    return (torch.empty(M, N, dtype=torch_dtype(dtype)),)
+
+
+def kernel_call(kernel, impl: str, inputs: dict, eps: float, config: dict, variant: str | None = None):
+    """Zero-argument callable running a DSL norm kernel (returns ``(y, rstd)`` or ``(y, mean, rstd)``)."""
+    x, w, b = inputs["x"], inputs.get("weight"), inputs.get("bias")
+    if variant == "rmsnorm":
+        return lambda: kernel(x, w, eps=eps, config=config)
+    return lambda: kernel(x, w, b, eps=eps, config=config)
+
+
+def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
+    """'torch_eager_norm' (``F.rms_norm`` / ``F.layer_norm``) or 'torch_compile_norm' (the same compiled by
+    Inductor for this one shape, ``dynamic=False`` after a dynamo reset)."""
+    if impl not in BASELINES:
+        raise ValueError(f"unknown baseline {impl!r}; choices: {', '.join(BASELINES)}")
+    x, w, b = inputs["x"], inputs.get("weight"), inputs.get("bias")
+    N = x.shape[-1]
+    if variant == "rmsnorm":
+        def fn(x):
+            return torch.nn.functional.rms_norm(x, (N,), w, eps)
+    else:
+        def fn(x):
+            return torch.nn.functional.layer_norm(x, (N,), w, b, eps)
+    if impl == "torch_compile_norm":
+        torch._dynamo.reset()
+        fn = torch.compile(fn, dynamic=False)
+    return lambda: fn(x)
+
+
+def check(impl: str, out, inputs: dict, eps: float, variant: str | None = None) -> dict:
+    """Errors of ``y`` against the fp32 reference (flash-attention tolerance); the kernels' fp32 statistics
+    (rstd, mean) must match the reference to 1e-3 relative, else the check fails."""
+    ref = reference(variant, inputs, eps)
+    y, stats = (out, ()) if isinstance(out, torch.Tensor) else (out[0], tuple(out[1:]))
+    res = compare(y, ref["y"], tolerance(ref["y"], same_dtype(variant, inputs, eps)))
+    names = ("rstd",) if variant == "rmsnorm" else ("mean", "rstd")
+    for name, got in zip(names, stats):
+        want = ref[name]
+        err = ((got.float() - want).abs() / want.abs().clamp_min(1e-6)).nan_to_num(0.0).max().item() if want.numel() else 0.0
+        finite_ok = bool((torch.isfinite(got) == torch.isfinite(want)).all().item())
+        res[f"{name}_rel_err"] = err
+        res["ok"] = res["ok"] and finite_ok and err <= 1e-3
+    return res
