@@ -77,6 +77,14 @@ def best_fused(df: pd.DataFrame) -> pd.DataFrame:
     return f.loc[f.groupby(SHAPE + ["dsl"])["p50_ms"].idxmin()].reset_index(drop=True)
 
 
+def best_per_impl(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (shape, variant, dsl, impl): the fastest correct config."""
+    f = df[(df["status"] == "ok") & df["p50_ms"].notna()]
+    if f.empty:
+        return f
+    return f.loc[f.groupby(SHAPE + ["dsl", "impl"], dropna=False)["p50_ms"].idxmin()].reset_index(drop=True)
+
+
 def best_gemm(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (shape, dsl): the fastest correct DSL GEMM config."""
     f = df[(df["impl"] == "gemm") & (df["status"] == "ok") & df["p50_ms"].notna()]

@@ -106,3 +106,24 @@ def check_heatmap(df: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     fig.suptitle(f"{title}: CPU mode, correctness only — max error / tolerance (<= 1 passes). NOT timings",
                  fontsize=10)
     return _save(fig, out_dir, "check_heatmap")
+
+
+def bandwidth_lines(best: pd.DataFrame, copy_tbps: float | None, out_dir: Path, title: str, subtitle: str = "") -> list[Path]:
+    """Memory-bound kernels: GB/s over N per implementation (best config), one panel per (variant, M), with the
+    measured copy bandwidth drawn as the ceiling (QuACK-style)."""
+    d = best.copy()
+    d["impl_label"] = [r.dsl if r.dsl != "torch" else r.impl for r in d.itertuples()]
+    panels = sorted({(r.variant, r.M) for r in d.itertuples()})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.6), squeeze=False, layout="constrained",
+                             sharey=True)
+    for ax, (variant, M) in zip(axes[0], panels):
+        g = d[(d.variant == variant) & (d.M == M)]
+        sns.lineplot(data=g, x="N", y="gbps", hue="impl_label", marker="o", ax=ax)
+        if copy_tbps:
+            ax.axhline(copy_tbps * 1000, color="black", ls="--", lw=1, label="copy")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{variant}, M = {M}", fontsize=9)
+        ax.set_ylabel("GB/s (read x + write y)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{title}: bandwidth" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    return _save(fig, out_dir, "bandwidth")

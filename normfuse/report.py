@@ -31,6 +31,9 @@ def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[P
     title = str(df["experiment"].dropna().iloc[0]) if df["experiment"].notna().any() else "run"
     if mode != "gpu":
         return plots.check_heatmap(df, out, title)
+    if not (df["impl"] == "fused").any():  # memory-bound technique (standalone norms): bandwidth plot
+        cal = meta.get("calibration") or {}
+        return plots.bandwidth_lines(metrics.best_per_impl(df), cal.get("copy_tbps"), out, title, _subtitle(df, meta))
     best = metrics.best_fused(df)
     if best.empty:
         return []
@@ -55,6 +58,11 @@ def summary(df: pd.DataFrame, mode: str) -> str:
         cols = ["dsl", "impl", "config_name", "M", "N", "K", "dtype", "mode", "status", "err_over_tol"]
         lines += ["CPU mode: correctness only, not timings.", "", d[cols].to_markdown(index=False, floatfmt=".3f")]
         return "\n".join(lines)
+    if not (df["impl"] == "fused").any():
+        b = metrics.best_per_impl(df)
+        b["who"] = [r.dsl if r.dsl != "torch" else r.impl for r in b.itertuples()]
+        t = b.pivot_table(index=["variant", "M", "N"], columns="who", values="gbps").round(0)
+        return "\n".join(lines + ["best GB/s per implementation (read x + write y over the p50):", "", t.to_markdown()])
     best, gemm = metrics.best_fused(df), metrics.best_gemm(df)
     blog = _blog(df)
     dsls = [d for d in plots.DSL_ORDER if d in set(df["dsl"])]

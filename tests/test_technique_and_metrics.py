@@ -182,3 +182,21 @@ def test_gpu_plots_and_summary_render(tmp_path):
     assert all(p.stat().st_size > 1000 for p in paths)
     text = report.summary(df, "gpu")
     assert "blog B200 %" in text and "83.9" in text and "83.3" in text  # (1.1 + 0.3 - 1.15) / 0.3
+
+
+def test_bandwidth_plot_and_summary_for_norms(tmp_path):
+    """Memory-bound techniques get a GB/s-over-N plot with the copy ceiling and a bandwidth table."""
+    from normfuse import report
+
+    rows = []
+    for N in (1024, 4096):
+        for variant in ("rmsnorm", "layernorm"):
+            base = {"technique": "norms", "variant": variant, "M": 4096, "N": N, "K": None, "dtype": "bf16",
+                    "status": "ok", "experiment": "norms", "config_name": "c", "error": None}
+            rows += [{**base, "dsl": "torch", "impl": "torch_compile_norm", "p50_ms": 0.02},
+                     {**base, "dsl": "triton", "impl": "norm", "p50_ms": 0.018}]
+    df = metrics.add_hidden(metrics.add_rates(pd.DataFrame(rows)))
+    assert df["gbps"].notna().all() and df["hidden_dsl"].isna().all()
+    paths = report.make_plots(df, tmp_path, "gpu", {"calibration": {"copy_tbps": 4.25}})
+    assert {p.name for p in paths} == {"bandwidth.png", "bandwidth.pdf"}
+    assert "best GB/s" in report.summary(df, "gpu")
