@@ -1,0 +1,450 @@
+r"""Standalone RMSNorm / LayerNorm forward in upstream Triton (3.6.0, Hopper sm_90): the memory-bound
+denominators of the "% hidden" figures.
+
+Math (technique spec: ``normfuse.techniques.norms``; fp32 statistics, output in ``x.dtype``)::
+
+    RMSNorm:   rstd = rsqrt(sum(x^2) / N + eps);                 y = x * rstd (* weight)
+    LayerNorm: mean = sum(x) / N; var = sum((x - mean)^2) / N;  rstd = rsqrt(var + eps)
+               y = (x - mean) * rstd (* weight + bias)
+
+LayerNorm never uses ``E[x^2] - mean^2`` (catastrophic cancellation for mean-shifted rows): the whole-row kernel
+takes the mean, then the centred sum of squares, both over the row held in registers; the looped kernel takes the
+same two-pass statistics per chunk and merges chunks with Chan et al.'s pairwise update
+(``M2 = M2_a + M2_b + delta^2 * n_a * n_b / n``), which is as stable as the two-pass formula.
+
+Kernel structure. One program normalizes a ``[ROWS, BLOCK_N]`` tile: ``ROWS`` consecutive rows, fp32 math,
+one cross-thread reduction per row. Two variants, picked by ``BLOCK_N`` relative to ``N`` (``launch_params``):
+
+* whole row (``BLOCK_N >= N``, the default ``BLOCK_N=None`` = ``next_pow2(N)``): x is read from HBM once, kept
+  in registers, normalized and written: exactly 2*M*N*itemsize bytes, the memory-bound minimum. Use this for
+  N up to ~16K-32K (bf16). For small N, ``ROWS > 1`` packs several rows into one program so each program moves
+  ``TILE_BYTES`` (default 16 KiB) of x; ``num_warps`` (auto) gives each thread ~``THREAD_ELEMS`` (32) elements
+  (four 16-byte vectors in bf16), so it grows with the tile: 4 warps at 4K elements ... 32 warps at 32K.
+* looped (``BLOCK_N < N``): pass 1 streams the row in ``BLOCK_N`` chunks to get the statistics (RMSNorm:
+  elementwise fp32 sum-of-squares accumulator, reduced once at the end; LayerNorm: per-chunk two-pass stats,
+  Chan merge), pass 2 re-reads each chunk (from L2: pass 1 loads carry ``evict_last``, pass 2 ``evict_first``),
+  normalizes and stores. HBM traffic stays 2*M*N*itemsize if the rows in flight fit in L2 (H200: 50 MiB; one
+  row of 64K bf16 is 128 KiB, times ~132 SMs x a few programs: fits), at the price of an L2 re-read. Use this
+  only for very wide rows (N > ~32K) or when the whole-row tile would need more than 32 warps x ~64 registers.
+  ``BLOCK_N=None`` picks it automatically beyond ``_MAX_WHOLE_ROW`` (65536) elements.
+
+Persistent grid (``PERSISTENT=True``): ``min(#tiles, #SMs * max(1, 32 // num_warps))`` programs (an estimate
+of how many are co-resident: half the 64 warps an SM can hold, leaving room for register limits) loop over
+row tiles; otherwise one program per tile. Which wins is for the GPU sweep to say (``PROPOSED_TILINGS``).
+
+16-byte accesses. Triton vectorizes a masked load only if it can prove the mask and the address are constant /
+aligned over the vector. The row stride and the column mask both use ``N``, so the host passes ``N`` as
+``N_DIV * ALIGN`` (``ALIGN``: the largest power of two <= 16 dividing N, a constexpr): the compiler then knows
+``N`` is a multiple of ``ALIGN`` and emits ``ld.global.v4.b32`` / ``st.global.v4.b32`` (16 bytes) whenever
+``ALIGN * itemsize >= 16`` (bf16/fp16: N % 8 == 0; fp32: N % 4 == 0), e.g. N=1000 in bf16 too (Triton's own
+argument specialization only knows "divisible by 16"). Odd N (e.g. 4095) falls back to scalar accesses:
+correct, slower. Row offsets are int64 (M*N may exceed 2^31). Rows past M and columns past N are masked, so any
+M >= 1, N >= 1 works; a NaN/Inf in one row only reaches that row's statistics and output (reductions are per row).
+
+sm_90 compile facts (compile-only, bf16, affine; registers from Triton's bundled ``ptxas -v`` on the PTX):
+16-byte ``ld.global.L1::evict_first.L2::cache_hint.v4.b32`` loads and ``st.global.v4.b32`` stores of x / y for
+N = 512, 1000, 1024, 4096 ... 32768 (looped too); N = 4095 gives 2-byte scalar accesses. Shared memory is only the
+reduction scratch (32 B .. 8 KiB). Defaults: RMSNorm 51-64 registers, no spills; LayerNorm 64 registers with a
+4-byte spill at N=1024 (ROWS=8, 8 warps; ``THREAD_ELEMS=16``: 40 registers, no spill), 101 registers at N=16K
+(16 warps: one program per SM), 60 at 32K (32 warps). Persistent adds ~15-25 registers.
+
+Interpreter (``TRITON_INTERPRET=1``, set before importing triton): CPU tensors in fp16/fp32 (bf16 is not
+checked there). ``rsqrt`` is ``tl.math.rsqrt`` (``libdevice`` returns None in the interpreter). Triton 3.6's
+interpreter cannot run ``tl.range`` over a runtime bound with numpy >= 2.4 (triton#9171): we apply
+``kernels_triton.lazy_prenorm._fix_interpreter_scalar_index`` (interpreter only).
+
+Sources: the Triton LayerNorm tutorial (https://triton-lang.org/main/getting-started/tutorials/05-layer-norm.html,
+whole-row-in-registers forward; its looped variant uses three passes, here two with a Chan merge); Chan, Golub,
+LeVeque, "Updating formulae and a pairwise algorithm for computing sample variances" (1979); QuACK's memory-bound
+notes on rows-per-program / threads-per-row (https://github.com/Dao-AILab/quack/blob/main/media/2025-07-10-membound-sol.md).
+Written from scratch here. Status: CPU-checked (interpreter, sm_90 compile-only); GPU numbers are open work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index, _interpreting
+from normfuse.techniques.lazy_prenorm import DTYPES
+from normfuse.techniques.norms import check_inputs
+from normfuse.tiling import config_from_mapping
+
+__all__ = [
+    "OPS",
+    "TilingConfig",
+    "DEFAULT_CONFIG",
+    "PROPOSED_TILINGS",
+    "launch_params",
+    "rms_norm",
+    "layer_norm",
+    "compile_sm90",
+    "compile_sm90_kernel",
+]
+
+OPS = ("rms_norm", "layer_norm")
+_MAX_BLOCK_N = 65536  # widest register tile (elements) we allow
+_MAX_WHOLE_ROW = 65536  # BLOCK_N=None: whole row up to this N, looped beyond it
+_AUTO_LOOP_BLOCK_N = 8192  # BLOCK_N=None and N > _MAX_WHOLE_ROW
+_MAX_ROWS = 256
+_DEFAULT_NUM_SMS = 132  # H100 SXM / H200 (used off-GPU: interpreter, compile-only)
+
+if _interpreting():
+    _fix_interpreter_scalar_index()
+
+
+def _is_pow2(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0
+
+
+@dataclass(frozen=True)
+class TilingConfig:
+    """Tiling of both norm kernels (see the module docstring for which variant to use where).
+
+    * ``BLOCK_N`` (power of 2 in [16, 65536] or None): columns per register tile. None: ``next_pow2(N)`` (whole
+      row) up to N = 65536, else 8192 (looped). ``BLOCK_N >= N``: whole-row kernel (BLOCK_N is clamped to
+      ``next_pow2(N)``); ``BLOCK_N < N``: looped two-pass kernel.
+    * ``ROWS`` (power of 2 in [1, 256] or None): rows per program. None: ``TILE_BYTES // (BLOCK_N * itemsize)``
+      rounded down to a power of 2, at least 1, at most ``next_pow2(M)`` and 256.
+    * ``TILE_BYTES`` (power of 2 in [1024, 1 MiB]): target bytes of x per program when ``ROWS`` is None.
+    * ``THREAD_ELEMS`` (power of 2 in [4, 128]): target elements per thread when ``num_warps`` is None.
+    * ``num_warps`` (power of 2 in [1, 32] or None): None gives ~``THREAD_ELEMS`` elements per thread,
+      ``clamp(next_pow2(ROWS * BLOCK_N / (32 * THREAD_ELEMS)), 4, 32)``.
+    * ``PERSISTENT`` (bool): persistent grid over row tiles instead of one program per tile.
+
+    Construction with a bad value (wrong type included) raises ValueError naming the constraint.
+    """
+
+    BLOCK_N: int | None = None
+    ROWS: int | None = None
+    TILE_BYTES: int = 16384
+    THREAD_ELEMS: int = 32
+    num_warps: int | None = None
+    PERSISTENT: bool = False
+
+    def __post_init__(self):
+        for name, lo, hi in (("BLOCK_N", 16, _MAX_BLOCK_N), ("ROWS", 1, _MAX_ROWS), ("TILE_BYTES", 1024, 1 << 20),
+                             ("THREAD_ELEMS", 4, 128), ("num_warps", 1, 32)):
+            v = getattr(self, name)
+            if v is None and name in ("BLOCK_N", "ROWS", "num_warps"):
+                continue
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"TilingConfig.{name} must be an int{' or None' if name in ('BLOCK_N', 'ROWS', 'num_warps') else ''}, "
+                                 f"got {v!r}")
+            if not (_is_pow2(v) and lo <= v <= hi):
+                raise ValueError(f"TilingConfig.{name}={v} must be a power of 2 in [{lo}, {hi}]")
+        if not isinstance(self.PERSISTENT, bool):
+            raise ValueError(f"TilingConfig.PERSISTENT must be a bool, got {self.PERSISTENT!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "TilingConfig":
+        """Build a config from a (possibly partial) dict; missing keys keep their defaults, ``None`` gives the
+        defaults (a ``TilingConfig`` is returned as is). Raises ValueError naming the valid keys for an unknown
+        key, ValueError for bad values (see the class docstring), TypeError if ``d`` is not a mapping."""
+        return config_from_mapping(cls, d)
+
+    def to_dict(self) -> dict:
+        """The config as a plain dict (round-trips through ``from_dict``)."""
+        return dataclasses.asdict(self)
+
+
+DEFAULT_CONFIG = TilingConfig()
+
+# Proposed tiling list for the H200 sweep N in {512 ... 32768}, M in {4096, 16384, 262144} (bf16). Every entry is
+# valid at every N (None fields adapt to N); the sweep keeps the best per shape. Unmeasured: GPU work is open.
+PROPOSED_TILINGS = [
+    {"name": "row-auto"},  # whole row, ~16 KiB of x per program, ~32 elements per thread
+    {"name": "row-auto-32k", "TILE_BYTES": 32768},  # twice the rows per program (N <= 8K): more bytes in flight
+    {"name": "row-auto-8k", "TILE_BYTES": 8192},  # half the rows per program: more, smaller programs
+    {"name": "row-auto-16ept", "THREAD_ELEMS": 16},  # twice the warps: ~16 elements/thread, fewer registers
+    {"name": "row-auto-persistent", "PERSISTENT": True},  # persistent grid over the row tiles
+    {"name": "loop-8192", "BLOCK_N": 8192},  # whole row up to N=8K, looped two-pass for 16K and 32K
+]
+
+
+# --------------------------------------------------------------------------------------------------------
+# device code
+# --------------------------------------------------------------------------------------------------------
+@triton.jit
+def _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tile, M, N, eps,
+              BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr, HAS_W: tl.constexpr):
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M
+    row_off = rows.to(tl.int64) * N  # [ROWS]; N is a known multiple of ALIGN
+    if not LOOPED:
+        cols = tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        offs = row_off[:, None] + cols[None, :]
+        mask = row_ok[:, None] & cmask[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        y = x * rstd[:, None]
+        if HAS_W:
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            y = y * w[None, :]
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for n0 in tl.range(0, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            mask = row_ok[:, None] & (cols < N)[None, :]
+            x = tl.load(x_ptr + row_off[:, None] + cols[None, :], mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            acc += x * x
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / N + eps)
+        for n0 in tl.range(0, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            offs = row_off[:, None] + cols[None, :]
+            mask = row_ok[:, None] & cmask[None, :]
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            y = x * rstd[:, None]
+            if HAS_W:
+                w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                y = y * w[None, :]
+            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
+             BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr, HAS_W: tl.constexpr,
+             HAS_B: tl.constexpr):
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M
+    row_off = rows.to(tl.int64) * N
+    if not LOOPED:
+        cols = tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        offs = row_off[:, None] + cols[None, :]
+        mask = row_ok[:, None] & cmask[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        mean = tl.sum(x, axis=1) / N  # two passes over registers: mean, then the centred sum of squares
+        d = tl.where(cmask[None, :], x - mean[:, None], 0.0)
+        rstd = tl.math.rsqrt(tl.sum(d * d, axis=1) / N + eps)
+        y = d * rstd[:, None]
+        if HAS_W:
+            y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        if HAS_B:
+            y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # pass 1: per-chunk (mean_b, M2_b) in registers, merged into (mean, M2) with Chan's update
+        mean = tl.zeros([ROWS], dtype=tl.float32)
+        m2 = tl.zeros([ROWS], dtype=tl.float32)
+        for n0 in tl.range(0, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            mask = row_ok[:, None] & cmask[None, :]
+            x = tl.load(x_ptr + row_off[:, None] + cols[None, :], mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            n_a = n0 * 1.0  # elements merged so far (every earlier chunk is full)
+            n_b = tl.minimum(N - n0, BLOCK_N) * 1.0
+            mean_b = tl.sum(x, axis=1) / n_b
+            d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
+            m2_b = tl.sum(d * d, axis=1)
+            delta = mean_b - mean
+            n_ab = n_a + n_b
+            mean = mean + delta * (n_b / n_ab)
+            m2 = m2 + m2_b + delta * delta * (n_a * n_b / n_ab)
+        rstd = tl.math.rsqrt(m2 / N + eps)
+        # pass 2: re-read (L2), normalize, store
+        for n0 in tl.range(0, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            offs = row_off[:, None] + cols[None, :]
+            mask = row_ok[:, None] & cmask[None, :]
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            y = (x - mean[:, None]) * rstd[:, None]
+            if HAS_W:
+                y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            if HAS_B:
+                y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, M, N_DIV, eps, n_tiles,
+                     ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr,
+                     HAS_W: tl.constexpr, PERSISTENT: tl.constexpr):
+    N = N_DIV * ALIGN  # N % ALIGN == 0 is now visible to the alignment analysis (16-byte vectors)
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+            _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tile, M, N, eps, BLOCK_N, ROWS, LOOPED, HAS_W)
+    else:
+        _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tl.program_id(0), M, N, eps, BLOCK_N, ROWS, LOOPED, HAS_W)
+
+
+@triton.jit
+def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N_DIV, eps, n_tiles,
+                       ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr,
+                       HAS_W: tl.constexpr, HAS_B: tl.constexpr, PERSISTENT: tl.constexpr):
+    N = N_DIV * ALIGN
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+            _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
+                     BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B)
+    else:
+        _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.program_id(0), M, N, eps,
+                 BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B)
+
+
+# --------------------------------------------------------------------------------------------------------
+# host code
+# --------------------------------------------------------------------------------------------------------
+def _as_config(config) -> TilingConfig:
+    if config is None or isinstance(config, TilingConfig):
+        return config or DEFAULT_CONFIG
+    if isinstance(config, Mapping):
+        return TilingConfig.from_dict(config)
+    raise TypeError(f"config must be a dict, a TilingConfig or None, got {type(config).__name__}")
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int | None) -> int:
+    if device_index is None:
+        return _DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def launch_params(M: int, N: int, dtype: torch.dtype, config=None, *, num_sms: int = _DEFAULT_NUM_SMS) -> dict:
+    """Resolve ``config`` (dict, ``TilingConfig`` or None) for ``x [M, N]`` of ``dtype``: the concrete
+    ``BLOCK_N``, ``ROWS``, ``num_warps``, ``LOOPED``, ``ALIGN`` (largest power of two <= 16 dividing N),
+    ``PERSISTENT``, ``n_tiles`` and ``grid``. Pure host arithmetic (no triton call); the rules are in the
+    ``TilingConfig`` docstring. Raises the ``TilingConfig`` errors."""
+    cfg = _as_config(config)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    full = triton.next_power_of_2(N)
+    if cfg.BLOCK_N is None:
+        block_n = full if N <= _MAX_WHOLE_ROW else _AUTO_LOOP_BLOCK_N
+    else:
+        block_n = min(cfg.BLOCK_N, full)
+    looped = block_n < N
+    if cfg.ROWS is None:
+        rows = max(1, cfg.TILE_BYTES // (block_n * itemsize))
+        rows = min(1 << (rows.bit_length() - 1), triton.next_power_of_2(M), _MAX_ROWS)
+    else:
+        rows = cfg.ROWS
+    if cfg.num_warps is None:
+        num_warps = min(32, max(4, triton.next_power_of_2(triton.cdiv(rows * block_n, 32 * cfg.THREAD_ELEMS))))
+    else:
+        num_warps = cfg.num_warps
+    align = 1
+    while align < 16 and N % (2 * align) == 0:
+        align *= 2
+    n_tiles = triton.cdiv(M, rows)
+    programs = min(n_tiles, num_sms * max(1, 32 // num_warps)) if cfg.PERSISTENT else n_tiles
+    return dict(BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, LOOPED=looped, ALIGN=align,
+                PERSISTENT=cfg.PERSISTENT, n_tiles=n_tiles, grid=(programs,))
+
+
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    return float(eps)
+
+
+def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
+    """Validate, resolve the config, allocate outputs and build the launch arguments."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    eps = _check_eps(eps)
+    M, N = check_inputs(x, weight, bias, eps)
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is not None and v.dtype not in DTYPES.values():
+            raise TypeError(f"{name} must be bf16, fp16 or fp32, got {v.dtype}")
+        if v is not None and not v.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    cfg = _as_config(config)
+    if launch and x.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"inputs must be CUDA tensors (got device {x.device}); CPU tensors run only under "
+                         f"TRITON_INTERPRET=1")
+    p = launch_params(M, N, x.dtype, cfg, num_sms=_num_sms(x.device.index or 0) if x.is_cuda else _DEFAULT_NUM_SMS)
+    y = torch.empty_like(x)
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    mean = torch.empty(M, dtype=torch.float32, device=x.device) if op == "layer_norm" else None
+    w = weight if weight is not None else x  # dummy pointer when absent (HAS_W=False: never read)
+    b = bias if bias is not None else x
+    meta = dict(ALIGN=p["ALIGN"], BLOCK_N=p["BLOCK_N"], ROWS=p["ROWS"], LOOPED=p["LOOPED"],
+                HAS_W=weight is not None, PERSISTENT=p["PERSISTENT"], num_warps=p["num_warps"], num_stages=1)
+    scalars = (M, N // p["ALIGN"], eps, p["n_tiles"])
+    if op == "rms_norm":
+        kernel, args = _rms_norm_kernel, (x, w, y, rstd, *scalars)
+    else:
+        kernel, args = _layer_norm_kernel, (x, w, b, y, mean, rstd, *scalars)
+        meta["HAS_B"] = bias is not None
+    return kernel, args, p["grid"], meta, (y, mean, rstd)
+
+
+def _launch(op, x, weight, bias, eps, config):
+    kernel, args, grid, meta, outs = _prepare(op, x, weight, bias, eps, config, launch=True)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        kernel[grid](*args, **meta)
+    return outs
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float = 1e-6,
+             config=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm forward over the last dimension: returns ``(y [M, N] in x.dtype, rstd [M] fp32)`` with
+    ``rstd = rsqrt(mean(x^2) + eps)`` and ``y = x * rstd (* weight)``, fp32 math.
+
+    ``x [M, N]``: row-major contiguous bf16/fp16/fp32 on a CUDA device (CPU tensors only under
+    ``TRITON_INTERPRET=1``, fp16/fp32); any M, N >= 1. ``weight [N]`` or None (any of the three dtypes, same
+    device; read in fp32). ``eps``: finite float > 0. ``config``: dict, ``TilingConfig`` or None
+    (``DEFAULT_CONFIG``: whole row, auto rows/warps).
+
+    Raises TypeError (non-tensors, dtypes, config type) and ValueError (rank, contiguity, shapes, devices, eps,
+    bad config values; CPU tensors outside the interpreter, naming CUDA) via
+    ``normfuse.techniques.norms.check_inputs`` and ``TilingConfig``. Sources: module docstring.
+    """
+    y, _, rstd = _launch("rms_norm", x, weight, None, eps, config)
+    return y, rstd
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
+               eps: float = 1e-5, config=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm forward over the last dimension: returns ``(y [M, N] in x.dtype, mean [M] fp32, rstd [M] fp32)``
+    with the biased variance ``mean((x - mean)^2)`` (two-pass / Chan merge, never ``E[x^2] - mean^2``),
+    ``rstd = rsqrt(var + eps)``, ``y = (x - mean) * rstd (* weight + bias)``.
+
+    Inputs, config and errors as ``rms_norm``; ``bias [N]`` or None like ``weight``. Sources: module docstring.
+    """
+    return _launch("layer_norm", x, weight, bias, eps, config)
+
+
+def compile_sm90(op: str, x: torch.Tensor, *, eps: float = 1e-6, config=None, affine: bool = False) -> dict:
+    """Compile ``op`` ("rms_norm" or "layer_norm") for sm_90 without launching it; return
+    ``normfuse.compile_only.summarize(compiled)`` (PTX marker counts, shared bytes, warps).
+
+    The caller must already have run ``normfuse.compile_only.install(90)`` in this process and must not set
+    ``TRITON_INTERPRET``. ``x [M, N]``: a CPU tensor with the real shape and dtype (``torch.empty`` is enough; it
+    is never read). ``affine``: compile with weight (and, for LayerNorm, bias) of ``x.dtype``. ``config`` as in
+    ``rms_norm``. Raises ValueError for an unknown ``op``, RuntimeError under ``TRITON_INTERPRET=1``, the errors
+    of ``rms_norm`` for bad inputs/config, and Triton's compile errors as they come (no ``OutOfResources``:
+    check ``shared_bytes`` / ``smem_ok``).
+    """
+    from normfuse.compile_only import summarize
+
+    return summarize(compile_sm90_kernel(op, x, eps=eps, config=config, affine=affine))
+
+
+def compile_sm90_kernel(op: str, x: torch.Tensor, *, eps: float = 1e-6, config=None, affine: bool = False):
+    """As ``compile_sm90``, but return Triton's ``CompiledKernel`` (``.asm["ptx"]``, ``.asm["ttgir"]``,
+    ``.metadata``), e.g. to check for 16-byte ``ld.global.v4`` accesses. Same preconditions and errors."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    if _interpreting():
+        raise RuntimeError("compile_sm90 cannot run under TRITON_INTERPRET=1")
+    w = torch.empty(x.shape[-1], dtype=x.dtype, device=x.device) if affine and x.dim() == 2 else None
+    b = torch.empty_like(w) if w is not None and op == "layer_norm" else None
+    kernel, args, grid, meta, _ = _prepare(op, x, w, b, eps, config, launch=False)
+    return kernel.warmup(*args, grid=grid, **meta)
