@@ -1,8 +1,10 @@
 """GPU correctness of every shipped kernel configuration, shared by the GPU tests of both environments.
 
-``check_all(dsl)`` runs each config of ``configs/tiling/*.yaml`` for ``dsl`` through the worker's check (fresh
-random inputs, NaN-poisoned allocator, fp32 reference, flash-attention tolerance) at the odd shapes below and
-returns the failures. Sweep points are additionally checked at their benchmark shape before being timed.
+``check_all(dsl, technique)`` runs each config of the technique's tiling list for ``dsl`` through the worker's
+check (fresh random inputs, NaN-poisoned allocator, fp32 reference, flash-attention tolerance) at the odd shapes
+below and returns the failures. A config that rejects a shape by design (ValueError, e.g. a TLX cluster too small
+for the row) is skipped, as the sweep records it as ``unsupported``. Sweep points are additionally checked at their
+benchmark shape before being timed.
 """
 
 from __future__ import annotations
@@ -13,38 +15,49 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "tiling"
 # (M, N, K): M = 1, K and N not multiples of any block, a block-aligned shape, and more tiles than SMs
 # with M, N and K tails (persistent kernels then reuse per-CTA state across tiles)
 ODD_SHAPES = [(1, 1000, 1000), (257, 520, 1000), (1000, 264, 72), (4096, 1024, 512), (17793, 1000, 1000)]
-SHIPPED_TILINGS = ("lazy_prenorm_h200.yaml",)
+CHECKS = {  # technique -> (tiling file, shapes, variants, eps)
+    "lazy_prenorm": ("lazy_prenorm_h200.yaml", ODD_SHAPES, (None,), 1e-6),
+    "norms": ("norms_h200.yaml", [(1, 1000, None), (4096, 4095, None), (1000, 16384, None), (17, 32768, None),
+                                  (70000, 512, None)], ("rmsnorm", "layernorm"), 1e-6),
+}
 
 
-def shipped_configs(dsl: str) -> list[dict]:
+def shipped_configs(dsl: str, technique: str = "lazy_prenorm") -> list[dict]:
     import yaml
 
-    out = []
-    for name in SHIPPED_TILINGS:
-        data = yaml.safe_load((CONFIG_DIR / name).read_text())
-        out += [dict(c) for c in data.get(dsl, [])]
-    return out
+    data = yaml.safe_load((CONFIG_DIR / CHECKS[technique][0]).read_text())
+    return [dict(c) for c in data.get(dsl, [])]
 
 
-def check_all(dsl: str, technique: str = "lazy_prenorm", shapes=ODD_SHAPES, eps: float = 1e-6) -> list[str]:
-    """Check every shipped config of ``dsl`` at ``shapes``; return a list of failure descriptions."""
+def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
+    """Check every shipped config of ``dsl`` for ``technique`` at its odd shapes; return failure descriptions."""
+    from normfuse.techniques import get_technique
     from normfuse.worker import measure
 
+    _, shapes, variants, eps = CHECKS[technique]
+    impls_default = list(getattr(get_technique(technique), "IMPLS", ("fused", "gemm")))
+    if technique == "lazy_prenorm":
+        impls_default = ["fused", "gemm"]
     failures = []
-    for cfg in shipped_configs(dsl):
+    for cfg in shipped_configs(dsl, technique):
         cfg = dict(cfg)
         name = cfg.pop("name", "?")
-        impls = cfg.pop("impls", None) or ["fused", "gemm"]
+        impls = cfg.pop("impls", None) or impls_default
         if cfg.pop("known_incorrect", False):  # shipped to record a compiler bug; the sweep marks it incorrect
             continue
         for impl in impls:
-            for seed, (M, N, K) in enumerate(shapes):
-                req = {"technique": technique, "dsl": dsl, "impl": impl, "M": M, "N": N, "K": K, "dtype": "bf16",
-                       "eps": eps, "config": cfg, "mode": "gpu", "seed": 1000 + seed, "check_only": True}
-                try:
-                    r = measure(req)
-                except Exception as e:  # noqa: BLE001
-                    r = {"status": "error", "error": f"{type(e).__name__}: {e}"}
-                if r["status"] != "ok":
-                    failures.append(f"{dsl}/{impl}/{name} at M={M} N={N} K={K}: {r['status']} {r.get('error', '')}")
+            for variant in variants:
+                for seed, (M, N, K) in enumerate(shapes):
+                    req = {"technique": technique, "dsl": dsl, "impl": impl, "variant": variant, "M": M, "N": N,
+                           "K": K, "dtype": "bf16", "eps": eps, "config": cfg, "mode": "gpu", "seed": 1000 + seed,
+                           "check_only": True}
+                    try:
+                        r = measure(req)
+                    except ValueError:  # the config does not serve this shape by design: 'unsupported'
+                        continue
+                    except Exception as e:  # noqa: BLE001
+                        r = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+                    if r["status"] != "ok":
+                        failures.append(f"{dsl}/{technique}/{variant or ''}/{impl}/{name} at M={M} N={N} K={K}: "
+                                        f"{r['status']} {r.get('error', '')}")
     return failures

@@ -85,7 +85,8 @@ def check_heatmap(df: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     were only compiled for sm_90 (TLX), the word 'compiled'."""
     d = df[df["dsl"].isin(DSL_ORDER)].copy()
     d["shape"] = [f"{r.M}x{r.N}x{r.K}" for r in d.itertuples()]
-    d["what"] = d["impl"] + " / " + d["config_name"].astype(str)
+    variants = d["variant"].astype(str)
+    d["what"] = (variants + " " if d["variant"].nunique() > 1 else "") + d["impl"] + " / " + d["config_name"].astype(str)
     d["r"] = pd.to_numeric(d["max_abs_err"], errors="coerce") / pd.to_numeric(d["tol"], errors="coerce")
     dsls = [x for x in DSL_ORDER if x in set(d["dsl"])]
     fig, axes = plt.subplots(1, len(dsls), figsize=(4.2 * len(dsls), 1.6 + 0.45 * d["what"].nunique()),

@@ -55,7 +55,7 @@ def summary(df: pd.DataFrame, mode: str) -> str:
     lines = ["status counts per dsl:", "", counts.to_markdown(), ""]
     if mode != "gpu":
         d = df.assign(err_over_tol=df["max_abs_err"].astype(float) / df["tol"].astype(float))
-        cols = ["dsl", "impl", "config_name", "M", "N", "K", "dtype", "mode", "status", "err_over_tol"]
+        cols = ["variant", "dsl", "impl", "config_name", "M", "N", "K", "dtype", "mode", "status", "err_over_tol"]
         lines += ["CPU mode: correctness only, not timings.", "", d[cols].to_markdown(index=False, floatfmt=".3f")]
         return "\n".join(lines)
     if not (df["impl"] == "fused").any():

@@ -9,7 +9,9 @@ import pytest
 
 
 def _run(repo_root, env, tmp_path, *overrides, timeout=900):
-    cmd = [sys.executable, "-m", "experiments.run", "experiment=smoke", f"results_dir={tmp_path}", "run_id=t",
+    experiment = [o for o in overrides if o.startswith("experiment=")] or ["experiment=smoke"]
+    overrides = [o for o in overrides if not o.startswith("experiment=")]
+    cmd = [sys.executable, "-m", "experiments.run", *experiment, f"results_dir={tmp_path}", "run_id=t",
            "hydra.run.dir=" + str(tmp_path / "hydra"), *overrides]
     p = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -46,3 +48,15 @@ def test_crash_timeout_resume(repo_root, subprocess_env, tmp_path):
         assert (run_dir / f).exists(), f
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["mode"] == "cpu" and meta["hardware_mismatches"] and "upstream-interpret" in meta["versions"]
+
+
+@pytest.mark.slow
+def test_norms_smoke_end_to_end(repo_root, subprocess_env, tmp_path):
+    """The standalone-norm technique through the whole CPU path: Triton interpreter, Helion ref mode, TLX sm_90
+    compile (plain and cluster), for RMSNorm and LayerNorm."""
+    _run(repo_root, subprocess_env, tmp_path, "experiment=norms_smoke")
+    df = pd.read_parquet(tmp_path / "norms_smoke" / "t" / "results.parquet")
+    assert set(df["variant"]) == {"rmsnorm", "layernorm"}
+    assert set(df["status"]) <= {"ok", "compile_only"}, df[["dsl", "config_name", "status", "error"]]
+    assert (df[df.dsl == "tlx"]["status"] == "compile_only").all()
+    assert df["K"].isna().all()

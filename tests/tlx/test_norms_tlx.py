@@ -278,3 +278,12 @@ def test_compile_sm90_rejects_unknown_op():
     with pytest.raises(ValueError, match="unknown op"):
         kn._launch("softmax", torch.empty(4, 64, dtype=torch.bfloat16), None, None, 1e-6, DEFAULT_CONFIG,
                    need_cuda=False, compile_only=True)
+
+
+@pytest.mark.gpu
+def test_shipped_norm_configs_correct_on_gpu():
+    """Every config of configs/tiling/norms_h200.yaml for TLX, at the odd shapes of normfuse.gpu_checks."""
+    from normfuse.gpu_checks import check_all
+
+    failures = check_all("tlx", "norms")
+    assert not failures, "\n".join(failures)
