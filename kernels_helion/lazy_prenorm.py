@@ -88,9 +88,7 @@ fp32 FMA dot instead of TF32 (slow; fp32 is for correctness checks against the f
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import normfuse.helion_compat  # noqa: F401  (must precede `import helion`)
@@ -100,7 +98,7 @@ import torch
 from helion.runtime.ref_mode import is_ref_mode_enabled
 
 from normfuse.techniques.lazy_prenorm import check_inputs
-from normfuse.tiling import config_from_mapping
+from normfuse.tiling import TilingConfigBase
 
 __all__ = [
     "TilingConfig",
@@ -266,7 +264,7 @@ def _opt_tuple(name: str, v, elem_ok, what: str):
 
 
 @dataclass(frozen=True)
-class TilingConfig:
+class TilingConfig(TilingConfigBase):
     """A typed, validated subset of ``helion.Config`` for these kernels (hashable: used as a cache key).
 
     Fields (Helion names unless noted):
@@ -399,22 +397,6 @@ class TilingConfig:
                                  "tile loop to flatten)")
         for op in OPS:  # cross-field checks (tuple lengths, the reload CSE hazard) raise here, not at launch
             self.to_helion(op)
-
-    @classmethod
-    def fields(cls) -> tuple[str, ...]:
-        """Names of the accepted keys, in declaration order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
-
-    @classmethod
-    def from_dict(cls, d: Mapping | TilingConfig | None) -> TilingConfig:
-        """Build a config from a mapping (e.g. parsed YAML/JSON; lists become tuples). ``None`` gives the
-        defaults, a ``TilingConfig`` is returned as is. Raises ValueError for an unknown key (listing the valid
-        keys) or an invalid value (naming the constraint), TypeError for a non-mapping."""
-        return config_from_mapping(cls, d)
-
-    def to_dict(self) -> dict:
-        """JSON-able dict (tuples become lists) that ``from_dict`` accepts."""
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
 
     def kernel_key(self, op: str) -> tuple:
         """``(op, formulation)``: which kernel ``op`` runs under this config (``sumsq`` only matters for the

@@ -49,9 +49,7 @@ identity weight: the no-affine RMSNorm kernel has exactly one load (x) and three
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import normfuse.helion_compat  # noqa: F401  (must precede `import helion`)
@@ -62,7 +60,7 @@ from helion.runtime.ref_mode import is_ref_mode_enabled
 
 from kernels_helion.lazy_prenorm import _as_on_h200, _live_args, ptxas_usage  # shared host-side helpers
 from normfuse.techniques.norms import check_inputs
-from normfuse.tiling import config_from_mapping
+from normfuse.tiling import TilingConfigBase
 
 __all__ = [
     "TilingConfig",
@@ -151,7 +149,7 @@ def _one_tuple(name: str, v, what: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class TilingConfig:
+class TilingConfig(TilingConfigBase):
     """A typed, validated subset of ``helion.Config`` for both norm kernels (hashable: used as a cache key).
 
     Fields (Helion names):
@@ -217,22 +215,6 @@ class TilingConfig:
                 raise ValueError(f"maxnreg must be None or an integer in [1, 256], got {self.maxnreg!r}")
             if not persistent:
                 raise ValueError(f"maxnreg needs a persistent pid_type (Helion 1.5 rejects it with {self.pid_type!r})")
-
-    @classmethod
-    def fields(cls) -> tuple[str, ...]:
-        """Names of the accepted keys, in declaration order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
-
-    @classmethod
-    def from_dict(cls, d: Mapping | TilingConfig | None) -> TilingConfig:
-        """Build a config from a mapping (e.g. parsed YAML/JSON; lists become tuples). ``None`` gives the
-        defaults, a ``TilingConfig`` is returned as is. Raises ValueError for an unknown key (listing the valid
-        keys) or an invalid value (naming the constraint), TypeError for a non-mapping."""
-        return config_from_mapping(cls, d)
-
-    def to_dict(self) -> dict:
-        """JSON-able dict (tuples become lists) that ``from_dict`` accepts."""
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
 
     def to_helion(self) -> helion.Config:
         """The ``helion.Config`` (same for both ops: one tile dimension, one reduction dimension)."""

@@ -85,7 +85,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from normfuse.techniques import lazy_prenorm as _spec
-from normfuse.tiling import config_from_mapping
+from normfuse.tiling import TilingConfigBase
 
 SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
 REGISTER_FILE = 65536  # 32-bit registers per SM (and per CTA at most)
@@ -101,7 +101,7 @@ def _is_pow2(v: int) -> bool:
 
 
 @dataclass(frozen=True)
-class TilingConfig:
+class TilingConfig(TilingConfigBase):
     """Tile sizes and pipeline shape of the TLX Lazy Pre-Norm / GEMM kernel.
 
     Fields:
@@ -210,18 +210,6 @@ class TilingConfig:
         epilogue = self.BLOCK_M * (self.BLOCK_N // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
         misc = self.BLOCK_M * 4 + 2 * self.NUM_STAGES * 8 + 1024
         return ring + epilogue + misc
-
-    def to_dict(self) -> dict:
-        """Plain dict of the fields (round-trips through ``from_dict``)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | "TilingConfig" | None) -> "TilingConfig":
-        """Build a config from ``None`` (defaults), a ``TilingConfig`` (returned as is) or a mapping of field
-        overrides. Raises ValueError for unknown keys (listing the valid ones) and for values that break a
-        constraint (non-power-of-2 tiles, shared memory over 227 KB, register budget, ...); TypeError if ``d``
-        is none of these."""
-        return config_from_mapping(cls, d)
 
 
 DEFAULT_CONFIG = TilingConfig()

@@ -73,7 +73,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from normfuse.techniques import norms as _spec
-from normfuse.tiling import config_from_mapping
+from normfuse.tiling import TilingConfigBase
 
 SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -89,7 +89,7 @@ def _is_pow2(v: int) -> bool:
 
 
 @dataclass(frozen=True)
-class TilingConfig:
+class TilingConfig(TilingConfigBase):
     """Tiling of the TLX norm kernels.
 
     Fields:
@@ -163,16 +163,6 @@ class TilingConfig:
             return True
         except ValueError:
             return False
-
-    def to_dict(self) -> dict:
-        """Plain dict of the fields (round-trips through ``from_dict``)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d) -> "TilingConfig":
-        """``TilingConfig`` from None (defaults), an instance, or a mapping of field overrides (unknown keys:
-        ValueError naming the valid ones; invalid values: ValueError naming the constraint)."""
-        return config_from_mapping(cls, d)
 
 
 DEFAULT_CONFIG = TilingConfig()

@@ -108,7 +108,6 @@ non-persistent).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -119,7 +118,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from normfuse.techniques.lazy_prenorm import check_inputs
-from normfuse.tiling import config_from_mapping
+from normfuse.tiling import TilingConfigBase
 
 __all__ = [
     "SUMSQ_CHOICES",
@@ -182,7 +181,7 @@ def _is_pow2(v: int) -> bool:
 
 
 @dataclass(frozen=True)
-class TilingConfig:
+class TilingConfig(TilingConfigBase):
     """Tile shape, launch parameters and sum-of-squares formulation of both kernels.
 
     ``BLOCK_M x BLOCK_N`` is one program's output tile, ``BLOCK_K`` the K step; all three are powers of two
@@ -229,17 +228,6 @@ class TilingConfig:
             raise ValueError(f"TilingConfig.sumsq={self.sumsq!r} must be one of {', '.join(SUMSQ_CHOICES)}")
         if not isinstance(self.schedule, str) or self.schedule not in SCHEDULE_CHOICES:
             raise ValueError(f"TilingConfig.schedule={self.schedule!r} must be one of {', '.join(SCHEDULE_CHOICES)}")
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "TilingConfig":
-        """Build a config from a (possibly partial) dict; missing keys keep their defaults, ``None`` gives the
-        defaults (a ``TilingConfig`` is returned as is). Raises ValueError naming the valid keys for an unknown
-        key, ValueError for bad values (see the class docstring), TypeError if ``d`` is not a mapping."""
-        return config_from_mapping(cls, d)
-
-    def to_dict(self) -> dict:
-        """The config as a plain dict (round-trips through ``from_dict``)."""
-        return dataclasses.asdict(self)
 
 
 DEFAULT_CONFIG = TilingConfig()

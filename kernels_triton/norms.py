@@ -63,7 +63,6 @@ Written from scratch here. Status: CPU-checked (interpreter, sm_90 compile-only)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,7 +74,7 @@ import triton.language as tl
 from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index, _interpreting
 from normfuse.techniques.lazy_prenorm import DTYPES
 from normfuse.techniques.norms import check_inputs
-from normfuse.tiling import config_from_mapping
+from normfuse.tiling import TilingConfigBase
 
 __all__ = [
     "OPS",
@@ -105,7 +104,7 @@ def _is_pow2(v: int) -> bool:
 
 
 @dataclass(frozen=True)
-class TilingConfig:
+class TilingConfig(TilingConfigBase):
     """Tiling of both norm kernels (see the module docstring for which variant to use where).
 
     * ``BLOCK_N`` (power of 2 in [16, 65536] or None): columns per register tile. None: ``next_pow2(N)`` (whole
@@ -142,17 +141,6 @@ class TilingConfig:
                 raise ValueError(f"TilingConfig.{name}={v} must be a power of 2 in [{lo}, {hi}]")
         if not isinstance(self.PERSISTENT, bool):
             raise ValueError(f"TilingConfig.PERSISTENT must be a bool, got {self.PERSISTENT!r}")
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "TilingConfig":
-        """Build a config from a (possibly partial) dict; missing keys keep their defaults, ``None`` gives the
-        defaults (a ``TilingConfig`` is returned as is). Raises ValueError naming the valid keys for an unknown
-        key, ValueError for bad values (see the class docstring), TypeError if ``d`` is not a mapping."""
-        return config_from_mapping(cls, d)
-
-    def to_dict(self) -> dict:
-        """The config as a plain dict (round-trips through ``from_dict``)."""
-        return dataclasses.asdict(self)
 
 
 DEFAULT_CONFIG = TilingConfig()

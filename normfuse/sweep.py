@@ -227,7 +227,7 @@ def _measure(pool: Pool, p: dict, cfg: dict, nonce: str, inject: dict) -> dict:
 
 def finalize(run_dir: Path, console=None) -> "object":
     """Recompute metrics from results.jsonl and write tables, plots and the summary; returns the DataFrame."""
-    from normfuse import metrics, plots, report
+    from normfuse import metrics, report
 
     run_dir = Path(run_dir)
     df = ResultsStore(run_dir).dataframe()

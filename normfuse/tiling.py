@@ -22,3 +22,23 @@ def config_from_mapping(cls, d):
     if unknown:
         raise ValueError(f"unknown {cls.__name__} key(s) {unknown}; valid keys: {', '.join(valid)}")
     return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
+
+
+class TilingConfigBase:
+    """Mixin for every DSL's frozen ``@dataclass TilingConfig``: ``from_dict`` (via ``config_from_mapping``),
+    ``to_dict`` (JSON-able: tuples become lists; round-trips through ``from_dict``) and ``fields``."""
+
+    @classmethod
+    def from_dict(cls, d):
+        """Build a config from None (defaults), an instance (returned as is) or a mapping of field overrides
+        (lists become tuples). ValueError for an unknown key (listing the valid keys) or a value that breaks a
+        constraint (checked by the dataclass), TypeError for anything else."""
+        return config_from_mapping(cls, d)
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        """Names of the accepted keys, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))

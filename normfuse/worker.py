@@ -45,11 +45,6 @@ def versions() -> dict:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
             pass
-    if "helion" not in out:
-        try:
-            import helion  # noqa: F401  (bundle installs by --target; metadata may still be there)
-        except Exception:
-            pass
     return out
 
 
