@@ -9,12 +9,8 @@ benchmarked config against the reference.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,28 +21,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kernels_helion import lazy_prenorm as L  # noqa: E402
+from normfuse.testing import run_python_json  # noqa: E402
 from normfuse.techniques import lazy_prenorm as T  # noqa: E402
 
 IN_REF_MODE = L.ref_mode()
 
 
-def _run_python(code: str, *, interpret: bool, timeout: int = 240, env: dict | None = None):
-    """Run ``code`` in a fresh interpreter at the repo root; it must print one JSON value on its last line.
-    ``interpret`` sets Helion's ref mode (``HELION_INTERPRET=1``); ``env`` adds variables (e.g. TRITON_INTERPRET)."""
-    extra = env or {}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.pop("TRITON_INTERPRET", None)
-    env.update(extra)
-    if interpret:
-        env["HELION_INTERPRET"] = "1"
-    else:
-        env.pop("HELION_INTERPRET", None)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, \
-        f"subprocess failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -88,7 +68,7 @@ print(json.dumps(res))
 
 
 def test_ref_mode_semantics():
-    res = _run_python(REF_MODE_CODE, interpret=True)
+    res = run_python_json(REF_MODE_CODE, env={"HELION_INTERPRET": "1"}, timeout=240)
     assert res["ref_mode"] is True
     # CPU torch 2.13 lacks aten::mm.dtype: the shim fills it in (else no matmul runs in ref mode)
     assert res["mm_ok"]
@@ -131,7 +111,7 @@ print(json.dumps(res))
 def test_ref_mode_rowblock_odd_shapes():
     # Ref mode runs the body on whole tensors: this checks the formulation's math (statistic over all of K, one
     # rstd per row, applied to every N tile), not its tiling; the Triton-interpreter test below checks the tiling.
-    res = _run_python(ROWBLOCK_REF_CODE, interpret=True)
+    res = run_python_json(ROWBLOCK_REF_CODE, env={"HELION_INTERPRET": "1"}, timeout=240)
     assert len(res) == 3 * 4 * 3
     for c in res:
         M, N, _ = c["shape"]
@@ -192,7 +172,7 @@ print(json.dumps(res))
 
 
 def test_triton_interpreter_tiled_semantics():
-    res = _run_python(INTERPRETER_CODE, interpret=False, env={"TRITON_INTERPRET": "1"})
+    res = run_python_json(INTERPRETER_CODE, env={"TRITON_INTERPRET": "1"}, timeout=240)
     assert len(res) == 10
     bad = [c for c in res if not c["ok"]]
     assert not bad, bad
@@ -405,7 +385,7 @@ print(json.dumps(res))
 
 @pytest.fixture(scope="module")
 def compiled():
-    return _run_python(COMPILE_CODE, interpret=False, timeout=600)
+    return run_python_json(COMPILE_CODE, timeout=600)
 
 
 def test_compile_sm90(compiled):

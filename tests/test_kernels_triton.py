@@ -15,10 +15,7 @@ None of this catches the pipeliner miscompile (triton#6691): that needs the GPU 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,25 +26,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kernels_triton import lazy_prenorm as ktl  # noqa: E402
+from normfuse.testing import run_python_json  # noqa: E402
 from kernels_triton.lazy_prenorm import DEFAULT_CONFIG, SCHEDULE_CHOICES, SUMSQ_CHOICES, TilingConfig  # noqa: E402
 
 
-def _run_python(code: str, *, interpret: bool, timeout: int = 240) -> str:
-    """Run ``code`` in a fresh interpreter at the repo root; return stdout, fail the test with stderr on error."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    if proc.returncode != 0:
-        pytest.fail(f"subprocess failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc.stdout
 
-
-def _last_json(stdout: str):
-    return json.loads(stdout.strip().splitlines()[-1])
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -118,7 +101,7 @@ print(json.dumps(dict(results=results, negative_control_ok=neg["ok"])))
 
 
 def test_interpreter_semantics():
-    out = _last_json(_run_python(_INTERP_SCRIPT, interpret=True))
+    out = run_python_json(_INTERP_SCRIPT, env={"TRITON_INTERPRET": "1"}, timeout=240)
     bad = [r for r in out["results"] if not r["ok"]]
     assert not bad, json.dumps(bad, indent=1)
     n_fused = sum(r["op"] == "lazy_rmsnorm_matmul" for r in out["results"])
@@ -157,7 +140,7 @@ print(json.dumps(out))
 def test_compile_sm90():
     from normfuse.compile_only import SMEM_LIMIT_BYTES
 
-    out = _last_json(_run_python(_COMPILE_SCRIPT, interpret=False))
+    out = run_python_json(_COMPILE_SCRIPT, timeout=240)
     assert DEFAULT_CONFIG.sumsq == "reload" and DEFAULT_CONFIG.schedule == "tile"
     assert len(out) == 2 * (1 + len(SUMSQ_CHOICES)) * len(SCHEDULE_CHOICES)
     for name, s in out.items():
@@ -207,7 +190,7 @@ def _scf_for_bodies(ttgir: str) -> list[str]:
 def test_compile_sm90_rowblock_pipelining():
     cfg = DEFAULT_CONFIG  # 128x256x64, num_stages=3
     ns, bm, bn, bk = cfg.num_stages, cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
-    ttgirs = _last_json(_run_python(_TTGIR_SCRIPT, interpret=False))
+    ttgirs = run_python_json(_TTGIR_SCRIPT, timeout=240)
     for name, ttgir in ttgirs.items():
         op, schedule, *sumsq = name.split("/")
         # every MMA loop: async wgmma left in flight, A and B TMA rings num_stages deep (the shared_tile hazard

@@ -9,11 +9,8 @@ this replaces a GPU correctness check of every benchmarked config.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,26 +21,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kernels_helion import norms as K  # noqa: E402
-from normfuse.techniques import norms as T  # noqa: E402
+from normfuse.testing import run_python_json  # noqa: E402
 
 IN_REF_MODE = K.ref_mode()
 needs_codegen = pytest.mark.skipif(IN_REF_MODE, reason="code generation is unavailable in Helion ref mode")
 
 
-def _run_python(code: str, *, interpret: bool, timeout: int = 300):
-    """Run ``code`` in a fresh interpreter at the repo root; it must print one JSON value on its last line."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["HELION_INTERPRET"] = "1"
-    else:
-        env.pop("HELION_INTERPRET", None)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, \
-        f"subprocess failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -130,7 +113,7 @@ print(json.dumps(res))
 
 @pytest.fixture(scope="module")
 def ref_results():
-    return _run_python(REF_MODE_CODE, interpret=True)
+    return run_python_json(REF_MODE_CODE, env={"HELION_INTERPRET": "1"})
 
 
 def test_ref_mode_matches_reference(ref_results):
@@ -248,7 +231,7 @@ print(json.dumps(res))
 
 @pytest.fixture(scope="module")
 def compiled():
-    return _run_python(COMPILE_CODE, interpret=False)
+    return run_python_json(COMPILE_CODE)
 
 
 def test_compile_sm90(compiled):

@@ -15,10 +15,7 @@ Nothing here measures bandwidth: the H200 targets (>= 90% of copy bandwidth) nee
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,25 +26,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kernels_triton import norms as kn  # noqa: E402
+from normfuse.testing import run_python_json  # noqa: E402
 from kernels_triton.norms import DEFAULT_CONFIG, PROPOSED_TILINGS, TilingConfig, launch_params  # noqa: E402
 
 
-def _run_python(code: str, *, interpret: bool, timeout: int = 300) -> str:
-    """Run ``code`` in a fresh interpreter at the repo root; return stdout, fail the test with stderr on error."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    if proc.returncode != 0:
-        pytest.fail(f"subprocess failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc.stdout
 
-
-def _last_json(stdout: str):
-    return json.loads(stdout.strip().splitlines()[-1])
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -175,7 +158,7 @@ print(json.dumps(dict(results=results, negative_control_ok=negative_control_ok))
 
 @pytest.fixture(scope="module")
 def interp():
-    return _last_json(_run_python(_INTERP_SCRIPT, interpret=True))
+    return run_python_json(_INTERP_SCRIPT, env={"TRITON_INTERPRET": "1"})
 
 
 def _bad(rows):
@@ -263,7 +246,7 @@ print(json.dumps(dict(cases=out, tilings=tilings)))
 
 @pytest.fixture(scope="module")
 def compiled():
-    return _last_json(_run_python(_COMPILE_SCRIPT, interpret=False))
+    return run_python_json(_COMPILE_SCRIPT)
 
 
 def test_compile_sm90_smem_and_warps(compiled):

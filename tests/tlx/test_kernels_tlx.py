@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -41,23 +38,11 @@ pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): r
 from kernels_tlx import lazy_prenorm as ktlx  # noqa: E402
 from kernels_tlx.lazy_prenorm import DEFAULT_CONFIG, SHIPPED_CONFIGS, TilingConfig  # noqa: E402
 from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
+from normfuse.testing import run_python_json  # noqa: E402
 
 COMPILE_SHAPES = [(262144, 1024, 1024), (1, 1000, 1000)]  # (M, N, K)
 
 
-def _run_python(code: str, *argv: str, timeout: int = 170, interpret: bool = False) -> str:
-    """Run ``code`` in a fresh interpreter at the repo root; return stdout, fail the test with stderr on error.
-    ``interpret``: run with ``TRITON_INTERPRET=1`` (plain ``tl`` code only; TLX ops do not interpret)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    if proc.returncode != 0:
-        pytest.fail(f"subprocess failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc.stdout
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -86,7 +71,7 @@ COMPILE_CONFIGS = {**SHIPPED_CONFIGS, "single_consumer": TilingConfig(BLOCK_M=64
 @pytest.fixture(scope="module")
 def compiled() -> dict:
     cfgs = json.dumps({k: v.to_dict() for k, v in COMPILE_CONFIGS.items()})
-    return json.loads(_run_python(_COMPILE_SCRIPT, cfgs, json.dumps(COMPILE_SHAPES)).strip().splitlines()[-1])
+    return run_python_json(_COMPILE_SCRIPT, cfgs, json.dumps(COMPILE_SHAPES), timeout=170)
 
 
 def test_compile_covers_every_shipped_config(compiled):
@@ -214,7 +199,7 @@ def _grouped_coords(t, num_pid_m, num_pid_n, group_m):
 def schedules() -> dict:
     jobs = [[f"{name}/{M}x{N}", cfg.to_dict(), [M, N]] for name, cfg in _SCHEDULE_CONFIGS.items()
             for (M, N) in _SCHEDULE_SHAPES]
-    return json.loads(_run_python(_SCHEDULE_SCRIPT, json.dumps(jobs), interpret=True).strip().splitlines()[-1])
+    return run_python_json(_SCHEDULE_SCRIPT, json.dumps(jobs), env={"TRITON_INTERPRET": "1"}, timeout=170)
 
 
 def test_schedule_configs_present():

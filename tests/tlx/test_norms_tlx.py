@@ -21,7 +21,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -36,20 +35,12 @@ pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): r
 from kernels_tlx import norms as kn  # noqa: E402
 from kernels_tlx.norms import DEFAULT_CONFIG, SHIPPED_CONFIGS, TARGET_N, TilingConfig  # noqa: E402
 from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
+from normfuse.testing import run_python_json  # noqa: E402
 
 COMPILE_M = 4096
 RAGGED_N = {1: 1000, 2: 20000, 4: 20000, 8: 20000}  # C=8: BLOCK_N 4096, ranks 5..7 own no column < N
 
 
-def _run_python(code: str, *argv: str, timeout: int = 170) -> str:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    if proc.returncode != 0:
-        pytest.fail(f"subprocess failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc.stdout
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -164,7 +155,7 @@ def test_compile_all_configs(compiled):
 def test_cluster_ptx_protocol(C):
     """The DSMEM protocol in PTX order: init, expect_tx (4*(C-1) bytes, one thread), fence.mbarrier_init, cluster
     barrier, then predicated st.async into the peers, then the try_wait; the own slot is read back only after."""
-    ptxs = json.loads(_run_python(_PTX_SCRIPT, str(C)).strip().splitlines()[-1])
+    ptxs = run_python_json(_PTX_SCRIPT, str(C), timeout=170)
     for op, ptx in ptxs.items():
         n_exch = 1 if op == "rms_norm" else 2
         lines = [ln.strip() for ln in ptx.splitlines()]
