@@ -61,3 +61,49 @@ def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
                         failures.append(f"{dsl}/{technique}/{variant or ''}/{impl}/{name} at M={M} N={N} K={K}: "
                                         f"{r['status']} {r.get('error', '')}")
     return failures
+
+
+def check_norm_special_values(dsl: str, M: int = 300, N: int = 4095, eps: float = 1e-6) -> list[str]:
+    """Standalone norms with special inputs, every shipped config of ``dsl``, both variants:
+
+    * large |x| (rows scaled by 1e15: x^2 summed over N stays below the fp32 maximum) must match the fp32
+      reference with the usual tolerance;
+    * a NaN in row 7 must make row 7 NaN (or at least non-finite) and leave every other row equal to the
+      output of the same kernel on the same input without the NaN (no leak through a shared reduction).
+    Returns failure descriptions (empty when all pass)."""
+    import torch
+
+    from normfuse import registry
+    from normfuse.techniques import norms
+
+    failures = []
+    for cfg in shipped_configs(dsl, "norms"):
+        cfg = dict(cfg)
+        name = cfg.pop("name", "?")
+        cfg.pop("impls", None)
+        if cfg.pop("known_incorrect", False):
+            continue
+        for variant in ("rmsnorm", "layernorm"):
+            fn = registry.kernel_function(dsl, "norms", "norm", variant)
+            try:
+                inputs = norms.make_inputs(M, N, dtype="bf16", device="cuda", seed=7, affine=True)
+                call = lambda inp: norms.kernel_call(fn, "norm", inp, eps, cfg, variant)()  # noqa: E731
+                big = dict(inputs, x=(inputs["x"].float() * 1e15).to(torch.bfloat16))
+                res = norms.check("norm", call(big), big, eps, variant)
+                if not res["ok"]:
+                    failures.append(f"{dsl}/norms/{variant}/{name} large |x|: {res}")
+                clean = call(inputs)[0].clone()
+                nan_x = inputs["x"].clone()
+                nan_x[7, N // 3] = float("nan")
+                out = call(dict(inputs, x=nan_x))[0]
+                others = torch.ones(M, dtype=torch.bool, device="cuda")
+                others[7] = False
+                if torch.isfinite(out[7].float()).all():
+                    failures.append(f"{dsl}/norms/{variant}/{name}: NaN in row 7 did not reach row 7's output")
+                if not torch.equal(out[others], clean[others]):
+                    failures.append(f"{dsl}/norms/{variant}/{name}: NaN in row 7 changed other rows")
+            except ValueError:  # the config does not serve this shape by design
+                continue
+            except Exception as e:  # noqa: BLE001
+                failures.append(f"{dsl}/norms/{variant}/{name}: {type(e).__name__}: {e}")
+    return failures

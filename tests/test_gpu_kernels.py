@@ -11,3 +11,13 @@ from normfuse.gpu_checks import check_all
 def test_shipped_configs_correct(dsl, technique):
     failures = check_all(dsl, technique)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dsl", ["triton", "helion"])
+def test_norms_special_values(dsl):
+    """Large |x| matches the reference; a NaN stays in its own row (every shipped norms config)."""
+    from normfuse.gpu_checks import check_norm_special_values
+
+    failures = check_norm_special_values(dsl)
+    assert not failures, "\n".join(failures)

@@ -278,3 +278,12 @@ def test_shipped_norm_configs_correct_on_gpu():
 
     failures = check_all("tlx", "norms")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+def test_shipped_norm_configs_special_values_on_gpu():
+    """TLX norms: large |x| matches the reference; a NaN stays in its own row."""
+    from normfuse.gpu_checks import check_norm_special_values
+
+    failures = check_norm_special_values("tlx")
+    assert not failures, "\n".join(failures)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One GPU session on the offline H200 host, as used for the committed results (see README "Reproducing").
+# Runs, in order, within a wall-clock budget:
+#   1. TLX self-checks (python -m kernels_tlx.<module> --quick --no-bench) as a guard: a TLX config that fails
+#      or hangs there is removed from the tiling file of this working copy before the sweeps (and reported);
+#   2. the sweeps `experiment=<name> run_id=<id>` (resumable: rerunning with the same run_id continues);
+#   3. the GPU tests (`make test-gpu`, optionally filtered with -k).
+# Usage (from the repo root on the GPU host, after `source .gpubundle/env.sh`):
+#   TLX_CHECKS="norms" SWEEPS="norms_roofline:20261130_h200" SWEEP_ARGS="shape.grid.M=[262144]" \
+#   TEST_K="norms" OUT=/tmp/out bash tools/device_run.sh
+# Environment: OUT (output folder, required), TLX_CHECKS (space-separated kernels_tlx modules), SWEEPS
+# (space-separated experiment:run_id), SWEEP_ARGS (extra Hydra overrides), SWEEP_BUDGET_S (seconds for all sweeps),
+# TEST_K (pytest -k filter; "skip" skips the tests), TEST_BUDGET_S, TILING_FILES (tiling yaml per TLX check module,
+# default configs/tiling/<module>_h200.yaml).
+set -uo pipefail
+: "${OUT:?set OUT}"
+export PYTHONUNBUFFERED=1
+TLX_PY=(env "PYTHONPATH=$GPUBUNDLE_FBTRITON:$GPUBUNDLE_SITE" python3)
+nvidia-smi --query-gpu=name,power.limit,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$OUT/nvidia_smi.csv" 2>&1
+
+for mod in ${TLX_CHECKS:-}; do
+  log="$OUT/tlx_${mod}_check.log"
+  timeout -s INT "${TLX_CHECK_BUDGET_S:-150}" "${TLX_PY[@]}" -m "kernels_tlx.$mod" --quick --no-bench > "$log" 2>&1
+  rc=$?
+  tiling="configs/tiling/${mod}_h200.yaml"
+  # config names that failed (lines "FAIL" / the summary "N FAILURE(S): name ...") or hung ([run ] without result)
+  bad=$(grep -E '^\[(run |nan |big )\] ' "$log" | grep -v -E ' ok( |$)' | awk '{print $3}' | sort -u)
+  for name in $bad; do
+    echo "guard: removing TLX config '$name' from $tiling (self-check rc=$rc)" | tee -a "$OUT/guard.log"
+    sed -i "/{name: $name,/d; /{name: $name}/d" "$tiling"
+  done
+  echo "tlx self-check $mod rc=$rc" | tee -a "$OUT/guard.log"
+done
+
+start=$(date +%s)
+for s in ${SWEEPS:-}; do
+  exp=${s%%:*}; rid=${s#*:}
+  left=$(( ${SWEEP_BUDGET_S:-300} - ($(date +%s) - start) ))
+  [ "$left" -gt 20 ] || { echo "no time left for $exp" | tee -a "$OUT/guard.log"; continue; }
+  timeout -s INT "$left" make run ARGS="experiment=$exp run_id=$rid point_timeout_s=120 ${SWEEP_ARGS:-}" \
+    > "$OUT/sweep_${exp}.log" 2>&1
+  echo "sweep $exp rc=$?" | tee -a "$OUT/guard.log"
+  tar czf "$OUT/run_${exp}.tgz" --exclude=logs "results/$exp/$rid" 2>/dev/null
+done
+
+if [ "${TEST_K:-}" != "skip" ]; then
+  kk=${TEST_K:+-k $TEST_K}
+  timeout -s INT "${TEST_BUDGET_S:-200}" make -k test-gpu PYTEST_ARGS="-q --timeout 180 -p no:logging $kk" \
+    > "$OUT/test_gpu.log" 2>&1
+  echo "test-gpu rc=$?" | tee -a "$OUT/guard.log"
+fi
+tail -n 5 "$OUT"/sweep_*.log 2>/dev/null
+grep -E "passed|failed|error" "$OUT/test_gpu.log" 2>/dev/null | tail -4
