@@ -48,7 +48,7 @@ def _fmt(v, pct=False, nd=1):
     return f"{100 * v:.{nd}f}" if pct else f"{v:.{nd}f}"
 
 
-def summary(df: pd.DataFrame, mode: str) -> str:
+def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
     """Markdown summary. GPU: per (K, N) the best hidden_dsl per DSL next to the blog's B200 value, and each DSL's
     best GEMM as a fraction of cuBLAS. CPU: status of every point (no timings)."""
     counts = df.groupby(["dsl", "status"]).size().unstack(fill_value=0)
@@ -61,8 +61,21 @@ def summary(df: pd.DataFrame, mode: str) -> str:
     if not (df["impl"] == "fused").any():
         b = metrics.best_per_impl(df)
         b["who"] = [r.dsl if r.dsl != "torch" else r.impl for r in b.itertuples()]
-        t = b.pivot_table(index=["variant", "M", "N"], columns="who", values="gbps").round(0)
-        return "\n".join(lines + ["best GB/s per implementation (read x + write y over the p50):", "", t.to_markdown()])
+        t = b.pivot_table(index=["variant", "M", "N"], columns="who", values="gbps")
+        dsl_cols = [c for c in plots.DSL_ORDER if c in t.columns]
+        base_cols = [c for c in t.columns if c not in dsl_cols]
+        if dsl_cols:
+            best_dsl = t[dsl_cols].max(axis=1)
+            t["best DSL"] = t[dsl_cols].idxmax(axis=1)
+            if copy_tbps:
+                t["best DSL % of copy"] = 100 * best_dsl / (1000 * copy_tbps)
+            for c in base_cols:
+                t[f"best DSL / {c}"] = best_dsl / t[c]
+        t = t.round({c: 0 for c in dsl_cols + base_cols} | {"best DSL % of copy": 1}
+                    | {c: 3 for c in t.columns if str(c).startswith("best DSL / ")})
+        return "\n".join(lines + ["best GB/s per implementation (read x + write y over the p50)"
+                                   + (f"; measured copy bandwidth {1000 * copy_tbps:.0f} GB/s" if copy_tbps else "")
+                                   + ":", "", t.to_markdown()])
     best, gemm = metrics.best_fused(df), metrics.best_gemm(df)
     blog = _blog(df)
     dsls = [d for d in plots.DSL_ORDER if d in set(df["dsl"])]

@@ -238,7 +238,7 @@ def finalize(run_dir: Path, console=None) -> "object":
     meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
     mode = meta.get("mode", "gpu" if (df["mode"] == "gpu").any() else "cpu")
     report.make_plots(df, run_dir, mode, meta)
-    text = report.summary(df, mode)
+    text = report.summary(df, mode, (meta.get("calibration") or {}).get("copy_tbps"))
     (run_dir / "summary.md").write_text(text + "\n")
     if console is not None:
         print(text, flush=True)  # plain print: tables are wide, a console would wrap them
