@@ -2,7 +2,7 @@
 
 from importlib import import_module
 
-TECHNIQUES = ("lazy_prenorm", "norms")
+TECHNIQUES = ("lazy_prenorm", "norms", "naive_fusion")
 
 
 def get_technique(name: str):
