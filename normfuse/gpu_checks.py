@@ -19,7 +19,12 @@ CHECKS = {  # technique -> (tiling file, shapes, variants, eps)
     "lazy_prenorm": ("lazy_prenorm_h200.yaml", ODD_SHAPES, (None,), 1e-6),
     "norms": ("norms_h200.yaml", [(1, 1000, None), (4096, 4095, None), (1000, 16384, None), (17, 32768, None),
                                   (70000, 512, None)], ("rmsnorm", "layernorm"), 1e-6),
+    "naive_fusion": ("naive_fusion_h200.yaml", [(1, 64, 64), (257, 128, 72), (1000, 256, 256), (17793, 512, 128)],
+                     ("layernorm", "rmsnorm"), 1e-5),
 }
+# technique -> extra input options checked too (spec.make_inputs keywords); every technique is checked with {}
+CHECK_OPTIONS = {"naive_fusion": [{"affine": True, "mean_shift": 10.0}]}
+GEMM_IMPLS = ("gemm",)  # the same for every variant: checked for the first variant only
 
 
 def shipped_configs(dsl: str, technique: str = "lazy_prenorm") -> list[dict]:
@@ -46,11 +51,12 @@ def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
         if cfg.pop("known_incorrect", False):  # shipped to record a compiler bug; the sweep marks it incorrect
             continue
         for impl in impls:
-            for variant in variants:
-                for seed, (M, N, K) in enumerate(shapes):
+            for variant in (variants[:1] if impl in GEMM_IMPLS else variants):
+                for seed, ((M, N, K), options) in enumerate(
+                        (s, o) for o in [{}] + CHECK_OPTIONS.get(technique, []) for s in shapes):
                     req = {"technique": technique, "dsl": dsl, "impl": impl, "variant": variant, "M": M, "N": N,
                            "K": K, "dtype": "bf16", "eps": eps, "config": cfg, "mode": "gpu", "seed": 1000 + seed,
-                           "check_only": True}
+                           "options": options, "check_only": True}
                     try:
                         r = measure(req)
                     except ValueError:  # the config does not serve this shape by design: 'unsupported'
@@ -58,7 +64,8 @@ def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
                     except Exception as e:  # noqa: BLE001
                         r = {"status": "error", "error": f"{type(e).__name__}: {e}"}
                     if r["status"] != "ok":
-                        failures.append(f"{dsl}/{technique}/{variant or ''}/{impl}/{name} at M={M} N={N} K={K}: "
+                        failures.append(f"{dsl}/{technique}/{variant or ''}/{impl}/{name} at M={M} N={N} K={K}"
+                                        f"{' ' + str(options) if options else ''}: "
                                         f"{r['status']} {r.get('error', '')}")
     return failures
 

@@ -20,6 +20,7 @@ import seaborn as sns  # noqa: E402
 
 DSL_ORDER = ["triton", "helion", "tlx"]
 PALETTE = {"triton": "#4C72B0", "helion": "#DD8452", "tlx": "#55A868"}
+BLOG_LABEL = "blog, B200 @ 750 W (TLX)"  # default title of the blog panel (a spec's BLOG_LABEL overrides it)
 
 
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
@@ -35,15 +36,17 @@ def _grid(values: dict, Ks, Ns) -> pd.DataFrame:
     return pd.DataFrame([[values.get((k, n), np.nan) for n in Ns] for k in Ks], index=Ks, columns=Ns)
 
 
-def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "") -> list[Path]:
-    """Heatmaps of 100·hidden_dsl per DSL over (K rows, N columns); ``blog`` maps (K, N) -> % (B200)."""
+def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "",
+                   blog_label: str = BLOG_LABEL, suffix: str = "") -> list[Path]:
+    """Heatmaps of 100·hidden_dsl per DSL over (K rows, N columns); ``blog`` maps (K, N) -> % (B200), drawn as the
+    last panel titled ``blog_label``. Written as ``hidden_heatmap<suffix>.png|pdf``."""
     dsls = [d for d in DSL_ORDER if d in set(best["dsl"])]
     Ks = sorted(set(best["K"]) | {k for k, _ in (blog or {})})
     Ns = sorted(set(best["N"]) | {n for _, n in (blog or {})})
     panels = [(d, _grid({(r.K, r.N): 100 * r.hidden_dsl for r in best[best.dsl == d].itertuples()}, Ks, Ns))
               for d in dsls]
     if blog:
-        panels.append(("blog, B200 @ 750 W (TLX)", _grid(blog, Ks, Ns)))
+        panels.append((blog_label, _grid(blog, Ks, Ns)))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False, layout="constrained")
     for ax, (name, grid) in zip(axes[0], panels):
         sns.heatmap(grid, ax=ax, annot=True, fmt=".1f", cmap="RdYlGn", vmin=-50, vmax=100, cbar=False,
@@ -52,11 +55,13 @@ def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: 
         ax.set_xlabel("N")
         ax.set_ylabel("K")
     fig.suptitle(f"{title}: % of norm latency hidden" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
-    return _save(fig, out_dir, "hidden_heatmap")
+    return _save(fig, out_dir, f"hidden_heatmap{suffix}")
 
 
-def hidden_bars(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "") -> list[Path]:
-    """Grouped bars: one group per (K, N), one bar per DSL (100·hidden_dsl), the blog's B200 value as a marker."""
+def hidden_bars(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "",
+                suffix: str = "") -> list[Path]:
+    """Grouped bars: one group per (K, N), one bar per DSL (100·hidden_dsl), the blog's B200 value as a marker.
+    Written as ``hidden_bars<suffix>.png|pdf``."""
     d = best.copy()
     d["cell"] = [f"K={r.K}\nN={r.N}" for r in d.itertuples()]
     d["hidden %"] = 100 * d["hidden_dsl"]
@@ -72,7 +77,7 @@ def hidden_bars(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str
     ax.set_xlabel("")
     ax.legend(fontsize=8, ncol=4)
     ax.set_title(f"{title}: % of norm latency hidden" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
-    return _save(fig, out_dir, "hidden_bars")
+    return _save(fig, out_dir, f"hidden_bars{suffix}")
 
 
 def _cell_key(cell: str) -> tuple[int, int]:

@@ -11,11 +11,32 @@ from normfuse import metrics, plots
 from normfuse.techniques import get_technique
 
 
-def _blog(df: pd.DataFrame) -> dict | None:
+def _spec(df: pd.DataFrame):
     techs = df["technique"].dropna().unique()
-    if len(techs) != 1:
+    return get_technique(techs[0]) if len(techs) == 1 else None
+
+
+def _blog(df: pd.DataFrame, variant=None) -> dict | None:
+    """The technique's ``BLOG_HIDDEN_B200`` when the run has one technique and ``variant`` is the one the blog
+    measured (``spec.BLOG_VARIANT``; any variant when the spec does not say)."""
+    spec = _spec(df)
+    if spec is None:
         return None
-    return getattr(get_technique(techs[0]), "BLOG_HIDDEN_B200", None)
+    blog_variant = getattr(spec, "BLOG_VARIANT", None)
+    if variant is not None and blog_variant is not None and variant != blog_variant:
+        return None
+    return getattr(spec, "BLOG_HIDDEN_B200", None)
+
+
+def _variants(df: pd.DataFrame) -> list:
+    """The variants of the fused rows (``[None]`` when there is no variant column or it is empty)."""
+    if "variant" not in df or df["variant"].isna().all():
+        return [None]
+    return sorted(df["variant"].dropna().unique())
+
+
+def _of_variant(df: pd.DataFrame, variant) -> pd.DataFrame:
+    return df if variant is None else df[df["variant"] == variant]
 
 
 def _subtitle(df: pd.DataFrame, meta: dict) -> str:
@@ -37,15 +58,42 @@ def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[P
     best = metrics.best_fused(df)
     if best.empty:
         return []
-    blog = _blog(df) if set(best["M"]) == {262144} else None
     sub = _subtitle(df, meta)
-    return plots.hidden_heatmap(best, blog, out, title, sub) + plots.hidden_bars(best, blog, out, title, sub)
+    spec = _spec(df)
+    label = getattr(spec, "BLOG_LABEL", None) or plots.BLOG_LABEL
+    variants = _variants(best)
+    paths = []
+    for variant in variants:  # one pair of figures per variant (file suffix _<variant> when there are several)
+        b = _of_variant(best, variant)
+        blog = _blog(df, variant) if set(b["M"]) == {262144} else None
+        t, suffix = (title, "") if len(variants) == 1 else (f"{title} ({variant})", f"_{variant}")
+        paths += plots.hidden_heatmap(b, blog, out, t, sub, blog_label=label, suffix=suffix)
+        paths += plots.hidden_bars(b, blog, out, t, sub, suffix=suffix)
+    return paths
 
 
 def _fmt(v, pct=False, nd=1):
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return "–"
     return f"{100 * v:.{nd}f}" if pct else f"{v:.{nd}f}"
+
+
+def _hidden_rows(df, best, gemm, dsls, blog, first: dict) -> list[dict]:
+    """Summary rows per (M, K, N) of one variant: best hidden_dsl and GEMM/cuBLAS per DSL, best hidden_best, blog."""
+    rows = []
+    for (M, K, N), _ in df.groupby(["M", "K", "N"]):
+        r = {**first, "M": M, "K": K, "N": N}
+        for d in dsls:
+            b = best[(best.dsl == d) & (best.M == M) & (best.K == K) & (best.N == N)]
+            g = gemm[(gemm.dsl == d) & (gemm.M == M) & (gemm.K == K) & (gemm.N == N)]
+            r[f"{d} hidden %"] = _fmt(b["hidden_dsl"].iloc[0], pct=True) if len(b) else "–"
+            r[f"{d} gemm/cuBLAS %"] = _fmt(g["frac_cublas"].iloc[0], pct=True, nd=0) if len(g) else "–"
+        bb = best[(best.M == M) & (best.K == K) & (best.N == N)]
+        r["best hidden_best %"] = _fmt(bb["hidden_best"].max(), pct=True) if len(bb) else "–"
+        if blog and M == 262144:
+            r["blog B200 %"] = _fmt(blog.get((K, N)))
+        rows.append(r)
+    return rows
 
 
 def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
@@ -77,21 +125,12 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
                                    + (f"; measured copy bandwidth {1000 * copy_tbps:.0f} GB/s" if copy_tbps else "")
                                    + ":", "", t.to_markdown()])
     best, gemm = metrics.best_fused(df), metrics.best_gemm(df)
-    blog = _blog(df)
     dsls = [d for d in plots.DSL_ORDER if d in set(df["dsl"])]
+    variants = _variants(df)
     rows = []
-    for (M, K, N), _ in df.groupby(["M", "K", "N"]):
-        r = {"M": M, "K": K, "N": N}
-        for d in dsls:
-            b = best[(best.dsl == d) & (best.M == M) & (best.K == K) & (best.N == N)]
-            g = gemm[(gemm.dsl == d) & (gemm.M == M) & (gemm.K == K) & (gemm.N == N)]
-            r[f"{d} hidden %"] = _fmt(b["hidden_dsl"].iloc[0], pct=True) if len(b) else "–"
-            r[f"{d} gemm/cuBLAS %"] = _fmt(g["frac_cublas"].iloc[0], pct=True, nd=0) if len(g) else "–"
-        bb = best[(best.M == M) & (best.K == K) & (best.N == N)]
-        r["best hidden_best %"] = _fmt(bb["hidden_best"].max(), pct=True) if len(bb) else "–"
-        if blog and M == 262144:
-            r["blog B200 %"] = _fmt(blog.get((K, N)))
-        rows.append(r)
+    for variant in variants:  # one block of rows per variant; the blog's value only next to its own variant
+        rows += _hidden_rows(_of_variant(df, variant), _of_variant(best, variant), _of_variant(gemm, variant), dsls,
+                             _blog(df, variant), {"variant": variant} if len(variants) > 1 else {})
     lines += ["% of norm latency hidden (hidden_dsl, best correct config) and DSL GEMM as % of cuBLAS:", "",
               pd.DataFrame(rows).to_markdown(index=False)]
     bad = df[df["status"].isin(["incorrect", "error", "timeout", "unsupported"])]
@@ -109,11 +148,12 @@ def replicates(run_dirs: list[Path]) -> str:
     all_runs = [pd.read_parquet(Path(d) / "results.parquet") for d in run_dirs]
     best = pd.concat([metrics.best_fused(df).assign(run=Path(d).name) for d, df in zip(run_dirs, all_runs)],
                      ignore_index=True)
-    blog = _blog(best)
     runs = [Path(d).name for d in run_dirs]
+    variants = _variants(best)
     rows = []
-    for (M, K, N), g in best.groupby(["M", "K", "N"]):
-        r = {"M": M, "K": K, "N": N}
+    for (variant, M, K, N), g in best.groupby(["variant", "M", "K", "N"], dropna=False):
+        blog = _blog(best, None if pd.isna(variant) else variant)
+        r = ({"variant": variant} if len(variants) > 1 else {}) | {"M": M, "K": K, "N": N}
         for dsl in [x for x in plots.DSL_ORDER if x in set(best["dsl"])]:
             vals = [g[(g.dsl == dsl) & (g.run == run)]["hidden_dsl"].max() for run in runs]
             r[f"{dsl} hidden % (runs)"] = " / ".join(_fmt(v, pct=True) for v in vals)
@@ -121,7 +161,7 @@ def replicates(run_dirs: list[Path]) -> str:
         if blog and M == 262144:
             r["blog B200 %"] = _fmt(blog.get((K, N)))
         rows.append(r)
-    key = ["dsl", "impl", "config_name", "M", "N", "K"]
+    key = ["variant", "dsl", "impl", "config_name", "M", "N", "K"]
     spread = ""
     if len(all_runs) >= 2:
         p50 = pd.concat([df[df["status"] == "ok"].set_index(key)["p50_ms"].rename(run) for df, run in zip(all_runs, runs)],
