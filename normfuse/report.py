@@ -132,11 +132,12 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
         rows += _hidden_rows(_of_variant(df, variant), _of_variant(best, variant), _of_variant(gemm, variant), dsls,
                              _blog(df, variant), {"variant": variant} if len(variants) > 1 else {})
     lines += ["% of norm latency hidden (hidden_dsl, best correct config) and DSL GEMM as % of cuBLAS:", "",
-              pd.DataFrame(rows).to_markdown(index=False)]
+              pd.DataFrame(rows).fillna("–").to_markdown(index=False)]
     bad = df[df["status"].isin(["incorrect", "error", "timeout", "unsupported"])]
     if len(bad):
         lines += ["", "points not timed:", "",
-                  bad[["dsl", "impl", "config_name", "M", "N", "K", "status", "error"]]
+                  bad[(["variant"] if len(variants) > 1 else []) + ["dsl", "impl", "config_name", "M", "N", "K",
+                                                                     "status", "error"]]
                   .assign(error=lambda x: x["error"].astype(str).str.slice(0, 90)).to_markdown(index=False)]
     return "\n".join(lines)
 
