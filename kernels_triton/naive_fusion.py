@@ -11,8 +11,10 @@ One program owns ``BLOCK_M`` complete rows of the output: its accumulator is ``[
 ``BLOCK_N = max(16, next_pow2(N))``, so the epilogue sees whole rows and normalizes them from the fp32 accumulator
 before anything is rounded (more accurate than the unfused GEMM -> bf16 C -> norm). The LayerNorm variance is
 two-pass over the register-resident accumulator (mean first, then the centred sum of squares: no
-``E[x^2] - mean^2`` cancellation); the padding columns ``N <= n < BLOCK_N`` are masked out of it (they are zero in
-the accumulator: TMA zero-fills B past N). ``y`` (input dtype) and the fp32 ``mean``/``rstd`` [M] are written.
+``E[x^2] - mean^2`` cancellation); when N is not a power of two the padding columns ``N <= n < BLOCK_N`` are
+masked out of it (they are zero in the accumulator: TMA zero-fills B past N; ``MASK_N`` is a constexpr, so
+power-of-two N pays no mask). ``y`` (input dtype, TMA stores clipped at M and N) and the fp32 ``mean``/``rstd``
+[M] (masked stores) are written.
 
 Limits (ValueError naming them, so the sweep records ``unsupported``):
 
@@ -23,8 +25,9 @@ Limits (ValueError naming them, so the sweep records ``unsupported``):
   thread for the accumulator alone. Above ``MAX_ACC_REGS = 128`` (of 255, the rest is for addresses, the
   epilogue and the centred copy) the config is rejected: N=512 needs ``BLOCK_M=64`` with 8 warps, N=256
   ``BLOCK_M=128`` with 8 warps or ``BLOCK_M=64`` with 4.
-* Shared memory: the estimate ``smem_bytes`` (the TMA ring plus resident B plus the Y staging tile) must stay
-  within the 227 KiB an sm_90 block can use (``normfuse.compile_only.SMEM_LIMIT_BYTES``).
+* Shared memory: the estimate ``smem_bytes`` (the TMA ring, resident B, the Y staging tile; checked against the
+  sm_90 compile) plus 1 KiB must stay within the 227 KiB an sm_90 block can use. B is ``[BLOCK_K, BLOCK_N]`` per
+  stage, so N = 512 fits 3 stages of ``BLOCK_K=64`` (216 KiB) in the tile schedule, 2 in the flattened one.
 
 Schedules (``TilingConfig.PERSISTENT``):
 
@@ -32,14 +35,23 @@ Schedules (``TilingConfig.PERSISTENT``):
   Triton into a ``num_stages``-deep TMA + mbarrier + wgmma ring, then the norm epilogue and TMA stores. In the
   blog's regime (K = 64 .. 256 with BLOCK_K = 64 .. 256) the K loop has 1 .. 4 iterations, so overlap between
   loads, MMAs and the epilogue comes only from co-resident programs on the same SM.
-* ``PERSISTENT=True``: ``min(tiles, #SMs * PROGRAMS_PER_SM)`` programs loop over row blocks.
+* ``PERSISTENT=True``: ``min(tiles, #SMs * min(PROGRAMS_PER_SM, occupancy))`` programs loop over row blocks
+  (``occupancy``: estimated co-resident programs per SM, so that no persistent program waits for another).
   If the whole K fits in one ``BLOCK_K`` step (``cdiv(K, BLOCK_K) == 1``, e.g. K = 64), B ``[K, N]`` is loaded
   ONCE per program and stays resident in shared memory ("resident B"); the row-block loop then only streams A
   tiles, and Triton pipelines that loop (``num_stages``) so the TMA loads of the next row blocks are in flight
   while the current block's epilogue runs. Otherwise the row-block loop and the K loop are flattened into one
   software-pipelined loop (``tl.range(..., flatten=True)``, as in Triton's persistent-matmul tutorial).
   ``BLOCK_K=None`` means "the whole K in one step" (``next_pow2(K)``, at most 256), i.e. resident B whenever
-  it fits in shared memory.
+  it fits in shared memory. The two 256-column halves share one Y staging tile, so the TMA store of the second
+  waits until the first has been read out of shared memory (not until it reached HBM).
+
+sm_90 compile facts (compile-only, bf16, ``ptxas -v`` of Triton's bundled ptxas on the PTX; no spills anywhere):
+tile 64 rows / 8 warps: 42 registers at N = 64, 101 at N = 256, 199 at N = 512 (147 KiB smem at 2 stages);
+tile 128 rows / 8 warps: 58 at N = 64, 195 at N = 256; persistent resident B, 64 rows: 46 (N = 64) .. 213
+(N = 512, 121 KiB); persistent 128 rows, whole K: 63 (N = 64) .. 219 (N = 256). In the resident-B TTGIR the B
+halves are TMA-loaded once before the row-block loop, A has a ``num_stages``-slot ring prefetched
+``num_stages - 1`` row blocks ahead, and the wgmmas read the resident B straight from shared memory.
 
 The pipeliner bug of dsl-primer §0 (triton#6691: one loaded tile feeding both ``tl.dot`` and a row reduction)
 does not arise here: the reductions read the accumulator after the K loop, never a loaded tile. With two
@@ -186,12 +198,20 @@ def _k_loop(a_desc, b_desc, off_m, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constex
 
 
 @triton.jit
+def _row_vector(ptr, cols, N, MASK_N: tl.constexpr):
+    """An affine vector's columns ``cols`` as fp32 (0 past N when the row has padding columns)."""
+    if MASK_N:
+        return tl.load(ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    return tl.load(ptr + cols).to(tl.float32)
+
+
+@triton.jit
 def _norm_epilogue(acc0, acc1, y_desc, w_ptr, bias_ptr, mean_ptr, rstd_ptr, off_m, M, N, eps,
                    BLOCK_M: tl.constexpr, SUB_N: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
-                   HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, MASK_N: tl.constexpr):
     """Normalize the fp32 row block held in ``acc0`` (| ``acc1``), store ``y`` through TMA (clipped past M and
-    N) and the fp32 statistics with masked stores. Padding columns (>= N) are zero in the accumulators and are
-    masked out of the centred LayerNorm sum."""
+    N) and the fp32 statistics with masked stores. Padding columns (>= N, present when ``MASK_N``) are zero in
+    the accumulators and are masked out of the centred LayerNorm sum."""
     rows = off_m + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     cols0 = tl.arange(0, SUB_N)
@@ -201,10 +221,14 @@ def _norm_epilogue(acc0, acc1, y_desc, w_ptr, bias_ptr, mean_ptr, rstd_ptr, off_
         if SPLIT == 2:
             s += tl.sum(acc1, axis=1)
         mean = s / N
-        x0 = tl.where((cols0 < N)[None, :], acc0 - mean[:, None], 0.0)
+        x0 = acc0 - mean[:, None]
+        if MASK_N:
+            x0 = tl.where((cols0 < N)[None, :], x0, 0.0)
         var = tl.sum(x0 * x0, axis=1)
         if SPLIT == 2:
-            x1 = tl.where((cols1 < N)[None, :], acc1 - mean[:, None], 0.0)
+            x1 = acc1 - mean[:, None]
+            if MASK_N:
+                x1 = tl.where((cols1 < N)[None, :], x1, 0.0)
             var += tl.sum(x1 * x1, axis=1)
         rstd = tl.math.rsqrt(var / N + eps)  # not libdevice: it returns None in the interpreter
         tl.store(mean_ptr + rows, mean, mask=row_ok)
@@ -219,16 +243,16 @@ def _norm_epilogue(acc0, acc1, y_desc, w_ptr, bias_ptr, mean_ptr, rstd_ptr, off_
 
     y0 = x0 * rstd[:, None]
     if HAS_W:
-        y0 = y0 * tl.load(w_ptr + cols0, mask=cols0 < N, other=0.0).to(tl.float32)[None, :]
+        y0 = y0 * _row_vector(w_ptr, cols0, N, MASK_N)[None, :]
     if HAS_B:
-        y0 = y0 + tl.load(bias_ptr + cols0, mask=cols0 < N, other=0.0).to(tl.float32)[None, :]
+        y0 = y0 + _row_vector(bias_ptr, cols0, N, MASK_N)[None, :]
     y_desc.store([off_m, 0], y0.to(y_desc.dtype))
     if SPLIT == 2:
         y1 = x1 * rstd[:, None]
         if HAS_W:
-            y1 = y1 * tl.load(w_ptr + cols1, mask=cols1 < N, other=0.0).to(tl.float32)[None, :]
+            y1 = y1 * _row_vector(w_ptr, cols1, N, MASK_N)[None, :]
         if HAS_B:
-            y1 = y1 + tl.load(bias_ptr + cols1, mask=cols1 < N, other=0.0).to(tl.float32)[None, :]
+            y1 = y1 + _row_vector(bias_ptr, cols1, N, MASK_N)[None, :]
         y_desc.store([off_m, SUB_N], y1.to(y_desc.dtype))
 
 
@@ -236,7 +260,7 @@ def _norm_epilogue(acc0, acc1, y_desc, w_ptr, bias_ptr, mean_ptr, rstd_ptr, off_
 def _naive_fusion_kernel(a_desc, b_desc, y_desc, w_ptr, bias_ptr, mean_ptr, rstd_ptr, M, N, K, eps,
                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_N: tl.constexpr, SPLIT: tl.constexpr,
                          NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM: tl.constexpr,
-                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, SCHEDULE: tl.constexpr,
+                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, MASK_N: tl.constexpr, SCHEDULE: tl.constexpr,
                          NUM_PROGRAMS: tl.constexpr):
     """``SCHEDULE``: ``"tile"`` (one program per row block), ``"resident"`` (persistent, B loaded once, the
     row-block loop pipelined; requires K <= BLOCK_K) or ``"flat"`` (persistent, row-block x K loop flattened)."""
@@ -244,7 +268,7 @@ def _naive_fusion_kernel(a_desc, b_desc, y_desc, w_ptr, bias_ptr, mean_ptr, rstd
         off_m = tl.program_id(0) * BLOCK_M
         acc0, acc1 = _k_loop(a_desc, b_desc, off_m, K, BLOCK_M, BLOCK_K, SUB_N, SPLIT, DOT_PRECISION)
         _norm_epilogue(acc0, acc1, y_desc, w_ptr, bias_ptr, mean_ptr, rstd_ptr, off_m, M, N, eps,
-                       BLOCK_M, SUB_N, SPLIT, NORM, HAS_W, HAS_B)
+                       BLOCK_M, SUB_N, SPLIT, NORM, HAS_W, HAS_B, MASK_N)
     elif SCHEDULE == "resident":
         # the whole B [K <= BLOCK_K, N] once per program (zero-filled past K and N); only A streams
         b0 = b_desc.load([0, 0])
@@ -260,14 +284,14 @@ def _naive_fusion_kernel(a_desc, b_desc, y_desc, w_ptr, bias_ptr, mean_ptr, rstd
             if SPLIT == 2:
                 acc1 = tl.dot(a, b1, tl.zeros((BLOCK_M, SUB_N), dtype=tl.float32), input_precision=DOT_PRECISION)
             _norm_epilogue(acc0, acc1, y_desc, w_ptr, bias_ptr, mean_ptr, rstd_ptr, off_m, M, N, eps,
-                           BLOCK_M, SUB_N, SPLIT, NORM, HAS_W, HAS_B)
+                           BLOCK_M, SUB_N, SPLIT, NORM, HAS_W, HAS_B, MASK_N)
     else:
         num_tiles = tl.cdiv(M, BLOCK_M)
         for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
             off_m = tile * BLOCK_M
             acc0, acc1 = _k_loop(a_desc, b_desc, off_m, K, BLOCK_M, BLOCK_K, SUB_N, SPLIT, DOT_PRECISION)
             _norm_epilogue(acc0, acc1, y_desc, w_ptr, bias_ptr, mean_ptr, rstd_ptr, off_m, M, N, eps,
-                           BLOCK_M, SUB_N, SPLIT, NORM, HAS_W, HAS_B)
+                           BLOCK_M, SUB_N, SPLIT, NORM, HAS_W, HAS_B, MASK_N)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -312,10 +336,10 @@ def launch_params(M: int, N: int, K: int, dtype: torch.dtype, config=None, *, nu
     (``tile`` / ``resident`` / ``flat``), ``grid``, ``acc_regs`` (fp32 accumulator registers per thread) and
     ``smem`` (estimated bytes).
 
-    ``occupancy`` is an estimate of co-resident programs per SM (shared memory; registers as the accumulator plus
-    ~64), used to cap the persistent grid. Raises ValueError when the config cannot serve the shape: N > ``MAX_N`` (512), an accumulator needing more than
-    ``MAX_ACC_REGS`` (128) registers per thread, ``BLOCK_K=None`` with K > 256, or more shared memory than an sm_90
-    block has (227 KiB)."""
+    ``occupancy`` is an estimate of co-resident programs per SM (shared memory; registers as the accumulator
+    plus ~64), used to cap the persistent grid. Raises ValueError when the config cannot serve the shape:
+    N > ``MAX_N`` (512), an accumulator needing more than ``MAX_ACC_REGS`` (128) registers per thread,
+    ``BLOCK_K=None`` with K > 256, or more shared memory than an sm_90 block has (227 KiB)."""
     cfg = _as_config(config)
     itemsize = torch.empty((), dtype=dtype).element_size()
     BLOCK_N = max(_MIN_BLOCK, _next_pow2(N))
@@ -405,7 +429,8 @@ def _prepare(a, b, weight, bias, eps, config, norm: str, *, launch: bool):
                 NUM_STAGES=cfg.num_stages,
                 # fp32 inputs: exact fp32 dot (TF32 would fail the fp32 tolerance); 16-bit inputs: tensor cores
                 DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-                NORM=norm, HAS_W=weight is not None, HAS_B=bias is not None, SCHEDULE=p["SCHEDULE"],
+                NORM=norm, HAS_W=weight is not None, HAS_B=bias is not None, MASK_N=p["BLOCK_N"] != N,
+                SCHEDULE=p["SCHEDULE"],
                 NUM_PROGRAMS=p["grid"][0], num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return (y, mean, rstd), args, p["grid"], meta
 
