@@ -29,7 +29,7 @@ def _blog(df: pd.DataFrame, variant=None) -> dict | None:
 
 
 def _variants(df: pd.DataFrame) -> list:
-    """The variants of the fused rows (``[None]`` when there is no variant column or it is empty)."""
+    """The variants present in ``df`` (``[None]`` when there is no variant column or it is empty)."""
     if "variant" not in df or df["variant"].isna().all():
         return [None]
     return sorted(df["variant"].dropna().unique())
