@@ -39,7 +39,9 @@ padding does not leak ``mean^2`` into the variance; ``y``'s store and the statis
 * *TMA for B and y only when the box fits the tensor.* Helion uses a descriptor only when the block shape
   ``[BLOCK_K, BLOCK_N]`` / ``[BLOCK_M, BLOCK_N]`` is at most 256 per dimension (TMA's box limit) and not larger
   than the tensor. So N = 512 (box 512 > 256) and any non-power-of-two N (box 128 > N = 72) silently fall back to
-  pointer loads/stores for B and y (cp.async / st.global), while A keeps TMA. A split of N into two
+  pointer loads/stores for B and y (cp.async / st.global), while A keeps TMA. (Helion checks the 256 limit only
+  for CUDA devices; ``TilingConfig.to_helion(..., N)`` applies both rules itself so that CPU compile-only
+  generates what the GPU runs.) A split of N into two
   [BLOCK_M, 256] accumulators with two B descriptors would keep TMA at N = 512; Helion has no list of
   accumulators, so it would need a hand-written two-accumulator kernel per split; not done (B is at most
   512 KiB and L2-resident, so its loads are the cheap ones).
@@ -287,21 +289,25 @@ class TilingConfig(TilingConfigBase):
         ix = (self.indexing,) * 3 if isinstance(self.indexing, str) else self.indexing
         return dict(zip(("a", "b", "y"), ix)).get(name, "pointer")
 
+    @staticmethod
+    def row_box_fits(N: int) -> bool:
+        """Whether a TMA box spanning the whole (padded) row, ``block_n(N)`` columns, is legal: <= 256 and <= N."""
+        return block_n(N) <= TMA_BOX_MAX and block_n(N) <= N
+
     def acc_regs_per_thread(self, N: int) -> int:
         """fp32 accumulator registers per thread for a row of N: ``BLOCK_M * block_n(N) / (32 * num_warps)``."""
         return -(-self.block_m * block_n(N) // (32 * self.num_warps))
 
     def smem_estimate(self, N: int, itemsize: int) -> int:
-        """Bytes of shared memory expected for a row of N: the K loop's ring of ``num_stages`` A and B tiles,
-        plus, under a persistent ``pid_type`` with a TMA store of y, the ``BLOCK_M x BLOCK_N`` staging tile (it
-        is live while the next row block's loads fill the ring; in a flat kernel Triton reuses the ring for it).
-        Matches the sm_90 compile-only figure to within ~600 B (tests); ``compile_sm90`` reports the real one."""
+        """Bytes of shared memory expected for a row of N (an upper bound): the K loop's ring of ``num_stages``
+        A and B tiles, plus, under a persistent ``pid_type``, one ``BLOCK_M x BLOCK_N`` tile of y (the TMA store's
+        staging buffer, or Triton's layout-conversion scratch for a pointer store; it is live while the next row
+        block's loads fill the ring, whereas a flat kernel reuses the ring for it). Within ~600 B of the sm_90
+        compile-only figure for the shipped candidates once the K loop has >= 2 iterations (tests; a single
+        iteration is not pipelined and takes one stage); ``compile_sm90`` reports the real figure."""
         bn = block_n(N)
         ring = max(1, self.num_stages) * (self.block_m * self.block_k + self.block_k * bn) * itemsize
-        staging = 0
-        if (self.pid_type != "flat" and self.indexing_of("y") == "tensor_descriptor" and bn <= TMA_BOX_MAX
-                and bn <= N):
-            staging = self.block_m * bn * itemsize
+        staging = self.block_m * bn * itemsize if self.pid_type != "flat" else 0
         return ring + staging
 
     def check_capacity(self, N: int, itemsize: int = 2) -> None:
@@ -327,16 +333,25 @@ class TilingConfig(TilingConfigBase):
                 f"B [{self.block_k}x{block_n(N)}]) tiles (+ a y staging tile for a TMA store) need ~{smem} B of shared memory, more than SMEM_LIMIT_BYTES={SMEM_LIMIT_BYTES} "
                 "(use fewer stages or a smaller BLOCK_K)")
 
-    def to_helion(self, op: str = "matmul_layernorm", affine: tuple[bool, bool] = (False, False)) -> helion.Config:
+    def to_helion(self, op: str = "matmul_layernorm", affine: tuple[bool, bool] = (False, False),
+                  N: int | None = None) -> helion.Config:
         """The ``helion.Config`` for ``op`` (``"matmul_layernorm"`` or ``"matmul_rmsnorm"``) with ``affine =
         (weight given, bias given)``: the memory-op list depends on which affine loads exist. Helion's program
-        order is ``a, b, [weight], [bias], y, [mean], rstd``."""
+        order is ``a, b, [weight], [bias], y, [mean], rstd``.
+
+        With the row length ``N`` given, ``b`` and ``y`` are switched from ``"tensor_descriptor"`` to
+        ``"pointer"`` when their TMA box (``[BLOCK_K, block_n(N)]``, ``[BLOCK_M, block_n(N)]``) cannot be used:
+        ``block_n(N) > 256`` (TMA's box limit) or ``> N``. Helion 1.5.0 falls back by itself in both cases on a
+        CUDA device, but checks the 256 limit *only* for CUDA devices, so CPU-bound code generation (compile-only)
+        would otherwise emit 512-wide boxes that the GPU run never sees; deciding it here makes both identical."""
         if op not in FUSED_OPS:
             raise ValueError(f"to_helion: unknown fused op {op!r}; choices: {', '.join(FUSED_OPS)}")
         has_w, has_b = affine
         mem = ["a", "b"] + (["weight"] if has_w else []) + (["bias"] if has_b and op == "matmul_layernorm" else [])
         mem += ["y", "mean", "rstd"] if op == "matmul_layernorm" else ["y", "rstd"]
         ix = [self.indexing_of(x) for x in mem]
+        if N is not None and not self.row_box_fits(N):
+            ix = ["pointer" if m in ("b", "y") and i == "tensor_descriptor" else i for m, i in zip(mem, ix)]
         kw: dict = {
             "block_sizes": list(self.block_sizes),
             "num_warps": self.num_warps,
@@ -369,7 +384,7 @@ H200_CANDIDATES = {
     # two warpgroups (64 rows each) share one B tile; N <= 256. 58/4, 90/2, 156/1, -.
     "tma-128x64-w8-s3": dict(block_sizes=(128, 64), num_warps=8, num_stages=3, indexing="tensor_descriptor"),
     # 8 warps on 64 rows: half the accumulator per thread, the only flat entry that holds N = 512
-    # (B and y fall back to pointers there: box 512 > 256). 42/5, 60/4, 108/2, 157/1.
+    # (B and y use pointers there: box 512 > 256; ring 2 x (8 + 64) KiB). 42/5, 60/4, 108/2, 177/1.
     "tma-64x64-w8-s2": dict(block_sizes=(64, 64), num_warps=8, num_stages=2, indexing="tensor_descriptor"),
     # persistent, 2 x 132 programs, row-block loop flattened into the K loop (the next row block's TMA loads fly
     # during this one's LayerNorm epilogue); N <= 256. 62/3, 94/2, 162/1 (the second 132 then run as a 2nd wave).
@@ -441,11 +456,12 @@ def _run(op: str, a, b, weight, bias, eps, config):
     ck = (op, M, N, K, a.dtype, a.device, affine, cfg)
     hit = _COMPILED.get(ck)
     if hit is None:
-        hcfg = cfg.to_helion(op, affine)
+        hcfg = cfg.to_helion(op, affine, N)
         bound = kernel.bind(args)
         with _live_args(bound, args):
             fn = bound.compile_config(hcfg)
-        hit = (fn, "tensor_descriptor" in (cfg.indexing_of("a"), cfg.indexing_of("b")))
+        ix = hcfg.config["indexing"]
+        hit = (fn, "tensor_descriptor" in ((ix,) if isinstance(ix, str) else tuple(ix[:2])))  # a, b
         _COMPILED[ck] = hit
     fn, uses_tma = hit
     if uses_tma:
@@ -507,7 +523,7 @@ def _bound(op: str, a, b, eps, config, affine: bool):
         w = torch.ones(N, dtype=a.dtype, device=a.device)
         bias = torch.zeros_like(w) if op == "matmul_layernorm" else None
     args, cfg = _prepare(op, a, b, w, bias, eps, config)
-    return _KERNELS[op].bind(args), cfg.to_helion(op, (affine, affine and op == "matmul_layernorm")), args
+    return _KERNELS[op].bind(args), cfg.to_helion(op, (affine, affine and op == "matmul_layernorm"), b.shape[1]), args
 
 
 def _codegen_env(a: torch.Tensor):
