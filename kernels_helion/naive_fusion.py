@@ -41,10 +41,14 @@ padding does not leak ``mean^2`` into the variance; ``y``'s store and the statis
   than the tensor. So N = 512 (box 512 > 256) and any non-power-of-two N (box 128 > N = 72) silently fall back to
   pointer loads/stores for B and y (cp.async / st.global), while A keeps TMA. (Helion checks the 256 limit only
   for CUDA devices; ``TilingConfig.to_helion(..., N)`` applies both rules itself so that CPU compile-only
-  generates what the GPU runs.) A split of N into two
-  [BLOCK_M, 256] accumulators with two B descriptors would keep TMA at N = 512; Helion has no list of
-  accumulators, so it would need a hand-written two-accumulator kernel per split; not done (B is at most
-  512 KiB and L2-resident, so its loads are the cheap ones).
+  generates what the GPU runs.) A split of N into two [BLOCK_M, 256] accumulators with two B descriptors would
+  keep TMA at N = 512; Helion has no list of accumulators, so it would need a hand-written two-accumulator kernel
+  per split; not done (B is at most 512 KiB and L2-resident, so its loads are the cheap ones).
+* *No epilogue subtiling.* Helion's ``epilogue_subtile`` splits the accumulator's store into column pieces but
+  not the ``weight``/``bias`` row it is multiplied with: helion 1.5.0 raises ``ShapeMismatch`` on the affine
+  epilogue, so the option is not offered.
+* *N < 16 is not served* (``MIN_N``): the accumulator cannot be padded beyond next_pow2(N) to ``tl.dot``'s
+  minimum width (M = 1, N = 8 fails to compile in Triton).
 * *No control of register/warpgroup layout.* The accumulator is split over the warps by Triton; there is no
   2-consumer-warpgroup ping-pong and no warp specialization on sm_90 (Helion 1.5 offers
   ``range_warp_specializes`` only for compute capability >= 10).
@@ -53,9 +57,12 @@ padding does not leak ``mean^2`` into the variance; ``y``'s store and the statis
 fp32 registers per thread. A config serves N only while that is <= ``MAX_ACC_REGS_PER_THREAD`` (128, leaving the
 rest of the 255-register budget to the epilogue, the addresses and the wgmma operands; techniques.md: N <= 256 at
 BLOCK_M = 128, N <= 512 at BLOCK_M = 64 with 8 warps), and while the estimated shared memory
-``num_stages * (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * itemsize`` (+ the ``BLOCK_M x BLOCK_N`` staging tile of
-a TMA store of y) is <= ``SMEM_LIMIT_BYTES`` (227 KiB per block on H200). Beyond that ``matmul_layernorm`` /
-``matmul_rmsnorm`` raise ValueError naming the limit; the sweep records ``unsupported``.
+``num_stages * (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * itemsize`` (+ one ``BLOCK_M x BLOCK_N`` tile of y under
+a persistent ``pid_type``) is <= ``SMEM_LIMIT_BYTES`` (227 KiB per block on H200). Beyond that (or for N <
+``MIN_N``) ``matmul_layernorm`` / ``matmul_rmsnorm`` raise ValueError naming the limit; the sweep records
+``unsupported``. The register rule was checked with ptxas (sm_90, compile-only): at 128 accumulator registers per
+thread the LayerNorm kernels take 156-177 registers (up to 245 with weight and bias) and do not spill; at 256
+they spill.
 
 **Execution modes** (as in ``kernels_helion/lazy_prenorm.py``).
 
