@@ -486,7 +486,7 @@ def _num_sms(device: torch.device) -> int:
     return _lp._num_sms(device)
 
 
-def _validate(a, b, weight, bias, eps, norm: str, *, need_cuda: bool) -> tuple[int, int, int]:
+def _validate(a, b, weight, bias, eps, norm: str) -> tuple[int, int, int]:
     """Input checks shared by the public functions; returns (M, N, K). TypeError/ValueError naming the problem."""
     if norm != "none" and (eps is None or isinstance(eps, bool)):
         raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
@@ -511,8 +511,6 @@ def _validate(a, b, weight, bias, eps, norm: str, *, need_cuda: bool) -> tuple[i
         if t.data_ptr() % 16:
             raise ValueError(f"{name} must start at a 16-byte aligned address (TMA descriptors), "
                              f"got data_ptr % 16 = {t.data_ptr() % 16}")
-    if need_cuda and a.device.type != "cuda":
-        raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
     return M, N, K
 
 
@@ -521,8 +519,10 @@ def _prepare(a, b, weight, bias, eps, norm: str, config, *, need_cuda: bool, num
     if norm not in _NORM_CODE:
         raise ValueError(f"unknown norm {norm!r}; choices: {', '.join(_NORM_CODE)}")
     cfg = TilingConfig.from_dict(config)
-    M, N, K = _validate(a, b, weight, bias, eps, norm, need_cuda=need_cuda)
-    p = cfg.plan(N, K, a.element_size())
+    M, N, K = _validate(a, b, weight, bias, eps, norm)
+    p = cfg.plan(N, K, a.element_size())  # before the device check: the message names the limit on any device
+    if need_cuda and a.device.type != "cuda":
+        raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
     dev = a.device
     y = torch.empty((M, N), dtype=a.dtype, device=dev)
     rstd = torch.empty(M, dtype=torch.float32, device=dev) if norm != "none" else None
@@ -648,7 +648,8 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor
         ptxas: also run ``ptxas -v`` (registers, spill bytes) on the PTX.
 
     Returns:
-        ``normfuse.compile_only.summarize(compiled)`` plus ``ptx_extra`` (``_ptx_extras``), ``grid``, ``config``,
+        ``normfuse.compile_only.summarize(compiled)`` plus ``ptx_extra`` (``_ptx_extras``), ``convert_layout_2d``
+        (2-D register layout conversions in the TTGIR: an accumulator round trip through shared memory), ``grid``, ``config``,
         ``plan`` (the derived sizes) and ``smem_estimate`` (and ``ptxas`` if asked).
 
     Raises:
@@ -676,6 +677,8 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor
     ptx = compiled.asm["ptx"]
     out = summarize(compiled)
     out["ptx_extra"] = _ptx_extras(ptx)
+    # layout conversions of 2-D register tensors (the accumulator); 1-D ones (statistics, weight) are cheap
+    out["convert_layout_2d"] = len(re.findall(r"ttg\.convert_layout %\S+ : tensor<\d+x\d+", compiled.asm["ttgir"]))
     out["grid"] = list(grid)
     out["config"] = TilingConfig.from_dict(config).to_dict()
     out["plan"] = dataclasses.asdict(p)
