@@ -40,7 +40,7 @@ Kernel structure (``_naive_fusion_ws_kernel``; one CTA per SM, persistent over r
     the centred sums of squares, ``rstd``; RMSNorm: one exchange of the sums of squares;
   * optional affine (``weight``/``bias`` read in the accumulator's column layout), cast, TMA store of
     ``[64, WG_N]`` (two ``[64, WG_N / 2]`` stores with ``EPILOGUE_SUBTILE``; rows >= M and columns >= N are
-    clipped by TMA), and the ``cs == 0`` warpgroup of each row group stores ``mean``/``rstd`` (masked rows).
+    clipped by TMA, and a box lying wholly past row M or column N is skipped), and the ``cs == 0`` warpgroup of each row group stores ``mean``/``rstd`` (masked rows).
 
 Exchange buffer protocol (no mbarriers; shared slots ``red[2 * NUM_CONSUMERS]`` of ``[64]`` fp32): exchange
 number ``e`` (a per-warpgroup running count, identical in the warpgroups of a row group since they walk the same
@@ -231,6 +231,12 @@ class TilingConfig(TilingConfigBase):
                              f"{acc} + {REG_HEADROOM} headroom (max N here: {self.max_n()})")
         k_tiles = triton.cdiv(K, self.BLOCK_K)
         store_n = wg_n // 2 if (self.EPILOGUE_SUBTILE and wg_n >= 64) else wg_n
+        if nc == MAX_CONSUMERS and store_n == wg_n:
+            # the whole-slice affine holds weight and bias (WG_N / 4 fp32 registers each) next to the accumulator:
+            # ptxas spills at 112 registers; EPILOGUE_SUBTILE applies them one half at a time
+            raise ValueError(f"N={N} exceeds this config's register limit without EPILOGUE_SUBTILE: {nc} consumer "
+                             f"warpgroups get {regs} registers per thread, too few for the 64x{wg_n} accumulator "
+                             "plus a whole-slice affine epilogue (set EPILOGUE_SUBTILE=True)")
         b_bufs = (k_tiles if self.B_RESIDENT else self.NUM_STAGES) * n_split
         ring = self.NUM_STAGES * self.BLOCK_M * self.BLOCK_K * itemsize
         b_bytes = b_bufs * self.BLOCK_K * wg_n * itemsize
@@ -471,9 +477,10 @@ def _naive_fusion_ws_kernel(
                         c_lo = CS * WG_N + tl.arange(0, WG_N // 2)
                         y_lo = _affine(y_lo, w_ptr, bias_ptr, c_lo, c_lo < N, HAS_W, HAS_B)
                         y_desc.store([off_m, CS * WG_N], y_lo.to(DT))
-                        c_hi = c_lo + WG_N // 2
-                        y_hi = _affine(y_hi, w_ptr, bias_ptr, c_hi, c_hi < N, HAS_W, HAS_B)
-                        y_desc.store([off_m, CS * WG_N + WG_N // 2], y_hi.to(DT))
+                        if CS * WG_N + WG_N // 2 < N:  # else the upper half lies wholly in the padding
+                            c_hi = c_lo + WG_N // 2
+                            y_hi = _affine(y_hi, w_ptr, bias_ptr, c_hi, c_hi < N, HAS_W, HAS_B)
+                            y_desc.store([off_m, CS * WG_N + WG_N // 2], y_hi.to(DT))
                     else:
                         y = _affine(y, w_ptr, bias_ptr, cols, col_ok, HAS_W, HAS_B)
                         y_desc.store([off_m, CS * WG_N], y.to(DT))

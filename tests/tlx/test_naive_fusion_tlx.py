@@ -47,12 +47,15 @@ from normfuse.testing import run_python_json  # noqa: E402
 # --------------------------------------------------------------------------------------------------------
 # 1. compile-only for sm_90
 # --------------------------------------------------------------------------------------------------------
-COMPILE_CONFIGS = {
-    **SHIPPED_CONFIGS,
-    "nonpersistent": TilingConfig(PERSISTENT=False),
-    "no_subtile_m64": TilingConfig(BLOCK_M=64, EPILOGUE_SUBTILE=False),
-}
 COMPILE_SHAPES = [(262144, 128, 128), (262144, 256, 256), (17793, 512, 128), (4099, 320, 72), (1, 24, 8)]  # M,N,K
+# unshipped variants, each at a few shapes: one CTA per tile; no epilogue subtile; two row groups that each split
+# N over two warpgroups (named barriers 8 and 9 side by side)
+EXTRA_CONFIGS = {
+    "nonpersistent": (TilingConfig(PERSISTENT=False), COMPILE_SHAPES[:2]),
+    "no_subtile_m64": (TilingConfig(BLOCK_M=64, EPILOGUE_SUBTILE=False), COMPILE_SHAPES[:2]),
+    "m128_wg128": (TilingConfig(WG_BLOCK_N=128), [(4099, 256, 128)]),
+}
+COMPILE_CONFIGS = {**SHIPPED_CONFIGS, **{k: v[0] for k, v in EXTRA_CONFIGS.items()}}
 COMPILE_OPS = (("matmul_layernorm", True), ("matmul_rmsnorm", False))  # (op, affine)
 
 _COMPILE_SCRIPT = r"""
@@ -86,7 +89,7 @@ print(json.dumps(res))
 def _compile_jobs():
     jobs = []
     for name, cfg in COMPILE_CONFIGS.items():
-        shapes = COMPILE_SHAPES if name in SHIPPED_CONFIGS else COMPILE_SHAPES[:2]
+        shapes = COMPILE_SHAPES if name in SHIPPED_CONFIGS else EXTRA_CONFIGS[name][1]
         for (M, N, K) in shapes:
             if not cfg.supports(N, K):
                 continue
@@ -123,9 +126,11 @@ def test_compile_jobs_cover_the_interesting_cases():
     # every shipped config is compiled; an N split (N_SPLIT > 1) with 2 and with 3-4 warpgroups is among them
     for name in SHIPPED_CONFIGS:
         assert any(k.startswith(name + "/") for k in keys), name
-    splits = {TilingConfig.from_dict(cfg).plan(N, K).N_SPLIT for _, cfg, (M, N, K), op, _ in _compile_jobs()
-              if op != "matmul"}
-    assert {1, 2, 3, 4} <= splits, splits
+    plans = [TilingConfig.from_dict(cfg).plan(N, K) for _, cfg, (M, N, K), op, _ in _compile_jobs() if op != "matmul"]
+    assert {1, 2, 3, 4} <= {p.N_SPLIT for p in plans}
+    assert any(p.N_SPLIT == 2 and p.ROW_GROUPS == 2 for p in plans)
+    for name, (cfg, shapes) in EXTRA_CONFIGS.items():
+        assert all(cfg.supports(N, K) for (M, N, K) in shapes), name
 
 
 def test_compile_sm90(compiled):
@@ -173,12 +178,13 @@ def test_compile_sm90(compiled):
 
 
 @pytest.mark.parametrize("case", [("m64_res", 17793, 512, 128, "layernorm"), ("m64_wg128", 4099, 320, 72, "rmsnorm"),
-                                  ("default", 1000, 256, 128, "layernorm")])
+                                  ("m128_wg128", 4099, 256, 128, "layernorm"), ("default", 1000, 256, 128, "layernorm")],
+                         ids=lambda c: c[0])
 def test_exchange_ptx_order(case):
     """Each named barrier of the exchange has the warpgroup's shared store of its partial before it and the
     shared loads of the slots after it (nothing reordered across the bar.sync); no named barrier without a split."""
     name, M, N, K, norm = case
-    cfg = SHIPPED_CONFIGS[name]
+    cfg = COMPILE_CONFIGS[name]
     p = cfg.plan(N, K)
     ptx = run_python_json(_PTX_SCRIPT, json.dumps([[name, cfg.to_dict(), [M, N, K], norm]]), timeout=170)[name]
     lines = [ln.strip() for ln in ptx.splitlines() if ln.strip() and not ln.strip().startswith((".loc", "//"))]
@@ -369,6 +375,9 @@ def test_plan_limits_name_the_constraint():
         TilingConfig().plan(512, 64)  # 4 warpgroups x 128 accumulator registers > 112
     with pytest.raises(ValueError, match="MAX_CONSUMERS"):
         TilingConfig(WG_BLOCK_N=64).plan(512, 64)  # 2 row groups x 8 slices
+    with pytest.raises(ValueError, match="register limit without EPILOGUE_SUBTILE"):  # ptxas spilled 24 B
+        TilingConfig(BLOCK_M=64, WG_BLOCK_N=128, EPILOGUE_SUBTILE=False, NUM_STAGES=2).plan(512, 64)
+    assert TilingConfig(BLOCK_M=64, WG_BLOCK_N=128, EPILOGUE_SUBTILE=False).supports(256, 64)
     with pytest.raises(ValueError, match="shared memory.*B resident"):
         TilingConfig(BLOCK_M=64).plan(512, 256)
     with pytest.raises(ValueError, match="shared memory.*B streamed"):
