@@ -38,9 +38,11 @@ Kernel structure (``_naive_fusion_ws_kernel``; one CTA per SM, persistent over r
     ``N_SPLIT`` slots in slot order, so all of them hold bit-identical totals;
   * LayerNorm: ``mean = total / N``, the centred slice (padding columns >= N forced to 0), a second exchange of
     the centred sums of squares, ``rstd``; RMSNorm: one exchange of the sums of squares;
-  * optional affine (``weight``/``bias`` read in the accumulator's column layout), cast, TMA store of
-    ``[64, WG_N]`` (two ``[64, WG_N / 2]`` stores with ``EPILOGUE_SUBTILE``; rows >= M and columns >= N are
-    clipped by TMA, and a box lying wholly past row M or column N is skipped), and the ``cs == 0`` warpgroup of each row group stores ``mean``/``rstd`` (masked rows).
+  * optional affine (``weight``/``bias`` loaded per tile, L1/L2-resident; with ``EPILOGUE_SUBTILE`` one half of
+    the slice at a time, which keeps 4-warpgroup configs free of spills), cast, TMA store of ``[64, WG_N]``
+    (two ``[64, WG_N / 2]`` stores with ``EPILOGUE_SUBTILE``; rows >= M and columns >= N are clipped by TMA, and
+    a box lying wholly past row M or column N is skipped); the ``cs == 0`` warpgroup of each row group stores
+    ``mean``/``rstd`` (masked rows).
 
 Exchange buffer protocol (no mbarriers; shared slots ``red[2 * NUM_CONSUMERS]`` of ``[64]`` fp32): exchange
 number ``e`` (a per-warpgroup running count, identical in the warpgroups of a row group since they walk the same
@@ -61,8 +63,9 @@ parity 0 by every consumer before its first tile (it is never re-armed). A row g
 Limits (each raises ValueError naming it; the sweep records ``unsupported``): ``N <= MAX_N = 512`` -- the
 ``64 x N`` fp32 accumulator of one row group is ``N / 2`` registers per thread of one warpgroup, split over at
 most ``MAX_CONSUMERS = 4`` warpgroups that share the 64 K-register file, with ``REG_HEADROOM`` registers per
-thread left for the epilogue (see ``TilingConfig.plan``); the shared memory of the A ring + B (resident or
-streamed) + the epilogue staging within 227 KB; K and N multiples of 8 (16-byte TMA rows).
+thread left for the epilogue (see ``TilingConfig.plan``; at 4 warpgroups ``EPILOGUE_SUBTILE`` is required);
+the shared memory of the A ring + B (resident or streamed) + the epilogue staging within 227 KB; K and N
+multiples of 8 (16-byte TMA rows).
 
 Why this shape of kernel: the blog's "naive fusion" (Helion ``matmul_layernorm``) is a non-persistent GEMM
 with ``BLOCK_N = N``. On Hopper the accumulator lives in registers (no TMEM), which caps N near 512; at the
@@ -77,6 +80,9 @@ stores of consecutive tiles do not overlap the next epilogue's shared writes (th
 loads and MMAs). No numerics run on CPU (TLX has no interpreter): the epilogue math helpers are checked with
 the Triton interpreter in tests/tlx, the kernel is compile-checked for sm_90, and ``python -m
 kernels_tlx.naive_fusion`` is the GPU correctness test.
+
+Status: CPU-checked only (sm_90 compile with PTX/ptxas checks for every shipped config, interpreter check of
+the epilogue math); not yet run on a GPU.
 
 ``matmul`` is ``kernels_tlx.lazy_prenorm.matmul`` (the same DSL's tiled WS GEMM, T_gemm_dsl); its TilingConfig
 applies to tiling entries with ``impls: [gemm]``. ``_gemm_full_n`` (self-check only) is this kernel with the norm
@@ -116,7 +122,8 @@ MAX_N = 512  # the largest N any config serves (64 x N fp32 accumulator of a row
 MAX_CONSUMERS = 4  # consumer warpgroups per CTA: 4 + 16 warps; more would leave < 96 registers per thread
 MIN_WG_N = 32  # TLX async_dot: wgmma N >= 32
 # setmaxnreg per consumer thread by number of consumer warpgroups; the 4-warp producer gets what is left of the
-# 64 K register file (>= 40 per thread in every row).
+# 64 K register file (fbtriton gives it 40 with 2 consumers, 32 with 4). 112 is the most 4 consumers get: asking
+# for 120 made the compiler drop setmaxnreg altogether (96 registers for everyone, spills).
 CONSUMER_REGS = {1: 240, 2: 232, 3: 152, 4: 112}
 REG_HEADROOM = 48  # registers per consumer thread beyond the accumulator (addresses, statistics, output)
 _PRODUCER_WARPS = 4
@@ -655,9 +662,9 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor
         ptxas: also run ``ptxas -v`` (registers, spill bytes) on the PTX.
 
     Returns:
-        ``normfuse.compile_only.summarize(compiled)`` plus ``ptx_extra`` (``_ptx_extras``), ``convert_layout_2d``
-        (2-D register layout conversions in the TTGIR: an accumulator round trip through shared memory), ``grid``, ``config``,
-        ``plan`` (the derived sizes) and ``smem_estimate`` (and ``ptxas`` if asked).
+        ``normfuse.compile_only.summarize(compiled)`` plus ``ptx_extra`` (``_ptx_extras``),
+        ``convert_layout_2d`` (2-D register layout conversions in the TTGIR: an accumulator round trip through
+        shared memory), ``grid``, ``config``, ``plan`` (the derived sizes) and ``smem_estimate`` (and ``ptxas``).
 
     Raises:
         ValueError: unknown op, invalid inputs, config or unsupported shape; TypeError: bad dtypes.

@@ -1,4 +1,4 @@
-"""Tests of ``kernels_tlx.naive_fusion`` (TLX venv: ``.venv-tlx/bin/python -m pytest tests/tlx/test_naive_fusion_tlx.py``).
+"""Tests of ``kernels_tlx.naive_fusion`` (TLX venv: ``.venv-tlx/bin/python -m pytest tests/tlx/...``).
 
 1. Compile-only for sm_90 (TLX has no interpreter), in subprocesses (the fake driver is process-global): every
    shipped config (+ two unshipped variants: one CTA per tile, no epilogue subtile) at the shapes it serves among
@@ -177,9 +177,10 @@ def test_compile_sm90(compiled):
             assert x["st_global"] >= 1, (key, x)  # rstd (and mean)
 
 
-@pytest.mark.parametrize("case", [("m64_res", 17793, 512, 128, "layernorm"), ("m64_wg128", 4099, 320, 72, "rmsnorm"),
-                                  ("m128_wg128", 4099, 256, 128, "layernorm"), ("default", 1000, 256, 128, "layernorm")],
-                         ids=lambda c: c[0])
+@pytest.mark.parametrize("case", [("m64_res", 17793, 512, 128, "layernorm"),
+                                  ("m64_wg128", 4099, 320, 72, "rmsnorm"),
+                                  ("m128_wg128", 4099, 256, 128, "layernorm"),
+                                  ("default", 1000, 256, 128, "layernorm")], ids=lambda c: c[0])
 def test_exchange_ptx_order(case):
     """Each named barrier of the exchange has the warpgroup's shared store of its partial before it and the
     shared loads of the slots after it (nothing reordered across the bar.sync); no named barrier without a split."""
@@ -257,8 +258,8 @@ for key, M, N, WG_N, N_SPLIT, norm, affine, even in json.loads(sys.argv[1]):
     y = torch.full((M, N), float("nan")); mean = torch.full((M,), float("nan")); rstd = torch.full((M,), float("nan"))
     eps = 1e-5 if norm == "layernorm" else 1e-6
     probe[(triton.cdiv(M, 64),)](c, w, b, y, mean, rstd, M, N, eps, WG_N=WG_N, N_SPLIT=N_SPLIT,
-                                  NORM=2 if norm == "layernorm" else 1, HAS_W=affine, HAS_B=affine and norm == "layernorm",
-                                  EVEN_N=even)
+                                  NORM=2 if norm == "layernorm" else 1, HAS_W=affine,
+                                  HAS_B=affine and norm == "layernorm", EVEN_N=even)
     F = torch.nn.functional
     if norm == "layernorm":
         ref = F.layer_norm(c, (N,), w if affine else None, b if affine else None, eps)
