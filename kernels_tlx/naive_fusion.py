@@ -287,11 +287,15 @@ DEFAULT_CONFIG = TilingConfig()
 # - "m64_wg128": 64-row tiles, N split every 128 columns (up to 4 warpgroups x 64 registers of accumulator):
 #   N = 256 -> 2 warpgroups, N = 512 -> 4, so every N pays the exchange but with the lowest register pressure.
 # - "m64_stream": B streamed with every K step (serves every grid cell incl. K = 256, N = 512, and any K).
+# - "m128_wg128_s3": "default" with N split every 128 columns: at N = 256 four warpgroups (16 warps) share the
+#   epilogue of a 128-row tile (2 row groups x 2 column halves, named barriers 8 and 9); 3 stages to fit K = 256.
+#   Same kernel as "default" (minus a stage) for N <= 128.
 SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "default": DEFAULT_CONFIG,
     "m64_res": TilingConfig(BLOCK_M=64, NUM_STAGES=6),
     "m64_wg128": TilingConfig(BLOCK_M=64, WG_BLOCK_N=128, NUM_STAGES=6),
     "m64_stream": TilingConfig(BLOCK_M=64, BLOCK_K=32, NUM_STAGES=4, B_RESIDENT=False),
+    "m128_wg128_s3": TilingConfig(WG_BLOCK_N=128, NUM_STAGES=3),
 }
 
 
@@ -848,7 +852,7 @@ def _self_check(argv=None) -> int:
                         failures.append(f"{name} gemm {M}x{N}x{K}")
                     print(f"{'ok  ' if ok else 'FAIL'} max_abs={err:.3e} tol={tol:.3e}", flush=True)
                     del out, ref
-            del case, a, b, w, bias
+            case = a = b = w = bias = None  # free the GPU memory before the next shape
     torch.cuda.empty_cache()
 
     if not (args.quick or args.no_bench):
@@ -886,7 +890,7 @@ def _self_check(argv=None) -> int:
                 hidden = 100 * (t_gemm + t_norm - t_f) / t_norm
                 line += f" {name} gemmN {t_full * 1e3:6.1f} fused {t_f * 1e3:6.1f} ({hidden:+.0f}%)"
             print(line, flush=True)
-            del a, b, c16
+            a = b = c16 = None
             torch.cuda.empty_cache()
 
     print("ALL OK" if not failures else f"{len(failures)} FAILURE(S): " + "; ".join(failures), flush=True)
