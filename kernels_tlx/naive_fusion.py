@@ -790,7 +790,8 @@ def _self_check(argv=None) -> int:
     TLX tiled GEMM (``matmul``), this kernel without and with the norm, and the blog's "% hidden".
 
     A hung launch (barrier deadlock) aborts after ``--hang-timeout`` s with a traceback naming the last ``[run ]``
-    line. Outputs are NaN-poisoned first (a skipped tile cannot pass on a stale result)."""
+    line. Outputs are NaN-poisoned first (a skipped tile cannot pass on a stale result). ``--quick``: no M =
+    262144 check and no timing; ``--bench-only``: timing only; ``--config NAME`` (repeatable): a subset."""
     import argparse
     import faulthandler
     import sys
@@ -801,11 +802,12 @@ def _self_check(argv=None) -> int:
                    help="config(s) to check, repeatable (default: all shipped)")
     p.add_argument("--quick", action="store_true", help="skip M=262144 checks and all timing")
     p.add_argument("--no-bench", action="store_true", help="correctness only")
+    p.add_argument("--bench-only", action="store_true", help="timing only (after a passing --quick run)")
     p.add_argument("--hang-timeout", type=float, default=90.0,
                    help="seconds before a hung launch aborts the process with a traceback")
     args = p.parse_args(argv)
     names = args.config or list(SHIPPED_CONFIGS)
-    shapes = [s for s in _CHECK_SHAPES if not (args.quick and s[0] >= 262144)]
+    shapes = [] if args.bench_only else [s for s in _CHECK_SHAPES if not (args.quick and s[0] >= 262144)]
     print(f"triton {triton.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}, "
           f"{_num_sms(torch.device(_DEVICE))} SMs", flush=True)
 
@@ -826,13 +828,13 @@ def _self_check(argv=None) -> int:
             for name in names:
                 cfg = SHIPPED_CONFIGS[name]
                 if not cfg.supports(N, K):
-                    print(f"[skip] {name:12s} M={M} N={N} K={K}: {_reason(cfg, N, K)}", flush=True)
+                    print(f"[skip] {name:13s} M={M} N={N} K={K}: {_reason(cfg, N, K)}", flush=True)
                     continue
                 for variant in ("layernorm", "rmsnorm"):
                     fn = ((lambda: matmul_layernorm(a, b, w, bias, eps=1e-5, config=cfg)) if variant == "layernorm"
                           else (lambda: matmul_rmsnorm(a, b, w, eps=1e-6, config=cfg)))
                     torch.full((M, N), float("nan"), dtype=a.dtype, device=_DEVICE)  # poison the allocator's block
-                    print(f"[run ] {name:12s} {variant:9s} M={M} N={N} K={K} affine={affine:d} ...", end=" ",
+                    print(f"[run ] {name:13s} {variant:9s} M={M} N={N} K={K} affine={affine:d} ...", end=" ",
                           flush=True)
                     t0 = time.perf_counter()
                     out = guarded(fn)
@@ -842,7 +844,7 @@ def _self_check(argv=None) -> int:
                     print(f"{'ok  ' if ok else 'FAIL'} {msg} ({time.perf_counter() - t0:.1f}s)", flush=True)
                     del out
                 if not affine:  # the same kernel without the norm (the benchmark's full-N GEMM)
-                    print(f"[run ] {name:12s} {'gemm':9s} M={M} N={N} K={K} ...", end=" ", flush=True)
+                    print(f"[run ] {name:13s} {'gemm':9s} M={M} N={N} K={K} ...", end=" ", flush=True)
                     out = guarded(lambda: _gemm_full_n(a, b, config=cfg))
                     ref = a.float() @ b.float()
                     tol = 2.0 * (a @ b).float().sub(ref).abs().max().item() + 1e-3 * ref.abs().max().item()

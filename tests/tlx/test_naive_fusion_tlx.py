@@ -565,6 +565,10 @@ def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
     assert "FAILURE(S): m64_stream layernorm 1x64x64 affine=False" in out, out
     assert out.count("K= 64 N= 64") == 1 and "K=256 N=512" in out and "fused" in out and "%)" in out, out
     assert nf._self_check(["--config", "default", "--config", "m64_res", "--no-bench"]) == 0
+    capsys.readouterr()
+    assert nf._self_check(["--config", "m64_stream", "--bench-only"]) == 0  # the wrong stand-in is never checked
+    out = capsys.readouterr().out
+    assert "[run ]" not in out and "K=256 N=512" in out and "ALL OK" in out, out
 
 
 # --------------------------------------------------------------------------------------------------------
