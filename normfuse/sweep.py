@@ -171,6 +171,7 @@ def run(cfg: dict) -> Path:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("ETA"), TimeRemainingColumn(), console=console, disable=not todo) as prog:
             task = prog.add_task("sweep", total=len(todo))
+            hung = {}  # (dsl, impl, variant, config_name) -> shape at which it timed out
             for p in todo:
                 wkey = f"{p['env']}-{p['mode']}"
                 label = f"{p['dsl']}/{p['impl']}/{p['config_name']} {p['M']}x{p['N']}x{p['K']}"
@@ -180,7 +181,13 @@ def run(cfg: dict) -> Path:
                         versions[wkey] = pool.request(p["env"], p["mode"], {"op": "hello"}, 300).get("versions")
                     except WorkerDied as e:
                         versions[wkey] = {"error": str(e)[:500]}
-                row = _measure(pool, p, cfg, nonce, inject)
+                ckey = (p["dsl"], p["impl"], p.get("variant"), p["config_name"])
+                if ckey in hung:  # a config that hung once would likely hang again: record, do not wait again
+                    row = {**p, "status": "skipped", "error": f"not run: this config timed out at {hung[ckey]}"}
+                else:
+                    row = _measure(pool, p, cfg, nonce, inject)
+                    if row.get("status") == "timeout" and cfg.get("skip_config_after_timeout", True):
+                        hung[ckey] = f"{p['M']}x{p['N']}x{p['K']}"
                 row.update({"run_id": run_id, "experiment": cfg["experiment_name"], "hardware": cfg["hardware"]["name"],
                             "gpu_name": gpu_before.get("gpu_name", "none (cpu)"),
                             "power_limit_w": gpu_before.get("power_limit_w"), **git,

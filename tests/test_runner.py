@@ -23,13 +23,14 @@ def test_crash_timeout_resume(repo_root, subprocess_env, tmp_path):
     common = ["dsl=[triton]", "baselines=[cublas]", "shape.points=[{M: 64, N: 64, K: 64},{M: 1, N: 72, K: 72}]",
               "point_timeout_s=60"]
     _run(repo_root, subprocess_env, tmp_path, *common,
-         "debug.inject=['crash@triton/gemm/b32-reload/64x64x64','hang@torch/cublas/-/1x72x72']")
+         "debug.inject=['crash@triton/gemm/b32-reload/64x64x64','hang@torch/cublas/-/64x64x64']")
     run_dir = tmp_path / "smoke" / "t"
     rows = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 6  # 2 shapes x (cublas + triton fused + triton gemm)
     status = {(r["dsl"], r["impl"], r["M"]): r["status"] for r in rows}
     assert status[("triton", "gemm", 64)] == "error"          # the crash is recorded...
-    assert status[("torch", "cublas", 1)] == "timeout"        # ...and the hang is killed
+    assert status[("torch", "cublas", 64)] == "timeout"       # ...and the hang is killed,
+    assert status[("torch", "cublas", 1)] == "skipped"        # the hung config is not waited for again
     assert status[("triton", "fused", 64)] == "ok"            # the next point, in a restarted worker, is fine
     assert status[("triton", "fused", 1)] == "ok" and status[("triton", "gemm", 1)] == "ok"
     assert all(r["mode"] in ("interpret", "cpu") for r in rows)
@@ -41,7 +42,7 @@ def test_crash_timeout_resume(repo_root, subprocess_env, tmp_path):
     assert len((run_dir / "results.jsonl").read_text().splitlines()) == 6
 
     # retry the failed points (no fault injected this time)
-    _run(repo_root, subprocess_env, tmp_path, *common, "retry_statuses=[error,timeout]")
+    _run(repo_root, subprocess_env, tmp_path, *common, "retry_statuses=[error,timeout,skipped]")
     df = pd.read_parquet(run_dir / "results.parquet")
     assert len(df) == 6 and set(df["status"]) == {"ok"}
     for f in ("results.csv", "meta.json", "summary.md", "plots/check_heatmap.png", "plots/check_heatmap.pdf"):
