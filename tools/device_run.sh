@@ -37,7 +37,7 @@ for s in ${SWEEPS:-}; do
   exp=${s%%:*}; rid=${s#*:}
   left=$(( ${SWEEP_BUDGET_S:-300} - ($(date +%s) - start) ))
   [ "$left" -gt 20 ] || { echo "no time left for $exp" | tee -a "$OUT/guard.log"; continue; }
-  timeout -s INT "$left" make run ARGS="experiment=$exp run_id=$rid point_timeout_s=120 ${SWEEP_ARGS:-}" \
+  timeout -s INT "$left" make run ARGS="experiment=$exp run_id=$rid point_timeout_s=${POINT_TIMEOUT_S:-120} ${SWEEP_ARGS:-}" \
     > "$OUT/sweep_${exp}.log" 2>&1
   echo "sweep $exp rc=$?" | tee -a "$OUT/guard.log"
   tar czf "$OUT/run_${exp}.tgz" --exclude=logs "results/$exp/$rid" 2>/dev/null
