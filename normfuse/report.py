@@ -39,11 +39,19 @@ def _of_variant(df: pd.DataFrame, variant) -> pd.DataFrame:
     return df if variant is None else df[df["variant"] == variant]
 
 
+def _timing(df: pd.DataFrame) -> str:
+    """The timing method(s) of the timed rows ('do_bench', 'cudagraph_flush', ...)."""
+    if "timing" not in df:
+        return "do_bench"
+    m = sorted({str(t).split(" ")[0] for t in df["timing"].dropna()})
+    return "/".join(m) if m else "do_bench"
+
+
 def _subtitle(df: pd.DataFrame, meta: dict) -> str:
     hw = meta.get("hardware_before") or {}
     gpu = hw.get("gpu_name", "?")
     pl = hw.get("power_limit_w")
-    return f"{gpu}" + (f" @ {pl:.0f} W" if pl else "") + f", M = {', '.join(str(int(m)) for m in sorted(df['M'].unique()))}, bf16, p50 of do_bench"
+    return f"{gpu}" + (f" @ {pl:.0f} W" if pl else "") + f", M = {', '.join(str(int(m)) for m in sorted(df['M'].unique()))}, bf16, p50 of {_timing(df)}"
 
 
 def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[Path]:

@@ -207,7 +207,7 @@ def run(cfg: dict) -> Path:
                      "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git["git_sha"],
                      "dsls": list(cfg.get("dsls") or {}), "shape": cfg["shape"].get("name"),
                      "tiling": sorted(cfg.get("tiling") or {}), "points": len(points), "measured": len(todo)}],
-                 "timing_note": "p50 of triton.testing.do_bench (L2 flushed before every call)" if run_mode == "gpu"
+                 "timing_note": f"p50 of normfuse.timing.bench, method {cfg['timing']['method']}" if run_mode == "gpu"
                  else "CPU mode: correctness only, no timings"})
     meta_path.write_text(json.dumps(meta, indent=2, default=str))
     finalize(run_dir, console=console)
