@@ -117,7 +117,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from normfuse.techniques.lazy_prenorm import check_inputs
+from normfuse.techniques.lazy_prenorm import check_inputs, check_layernorm_vectors
 from normfuse.tiling import TilingConfigBase
 
 __all__ = [
@@ -127,6 +127,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "matmul",
     "lazy_rmsnorm_matmul",
+    "lazy_layernorm_matmul",
     "compile_sm90",
     "compile_sm90_kernel",
 ]
@@ -134,6 +135,8 @@ __all__ = [
 SUMSQ_CHOICES = ("shared_tile", "reload", "prepass")
 SCHEDULE_CHOICES = ("tile", "rowblock", "rowblock_nested")
 OPS = ("matmul", "lazy_rmsnorm_matmul")
+LN_OP = "lazy_layernorm_matmul"
+ALL_OPS = OPS + (LN_OP,)
 _MAX_BOX = 256  # TMA: at most 256 elements per box dimension
 _MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
 
@@ -276,10 +279,52 @@ def _matmul_kernel(a_desc, b_desc, c_desc, M, N, K,
 
 
 @triton.jit
+def _tile_ln_stats(x, c, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """LayerNorm: fp32 per-row partial sums ``(sum y, sum y^2)`` of one A tile ``x`` [BLOCK_M, BLOCK_K] (fp32,
+    zero past K and past M), shifted by the per-row ``c`` [BLOCK_M]: ``y = x - c``, masked to 0 past K (the
+    zero-filled padding would otherwise contribute ``-c``). ``EVEN_K`` (K % BLOCK_K == 0) drops the mask."""
+    y = x - c[:, None]
+    if not EVEN_K:
+        y = tl.where(((k0 + tl.arange(0, BLOCK_K)) < K)[None, :], y, 0.0)
+    return tl.sum(y, axis=1), tl.sum(y * y, axis=1)
+
+
+@triton.jit
+def _tile_ln_stats_reload(a_rows_ptr, row_ok, c, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """``_tile_ln_stats`` of the A tile read with its own masked pointer load (the ``"reload"`` discipline: the
+    tile feeding the dot and the tile feeding the reductions are different loads)."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(a_rows_ptr + cols[None, :], mask=row_ok & (cols < K)[None, :], other=0.0).to(tl.float32)
+    return _tile_ln_stats(x, c, k0, K, BLOCK_K, EVEN_K)
+
+
+@triton.jit
+def _ln_row_scales(s1, s2, c, K, eps):
+    """LayerNorm epilogue scalars per row from the shifted sums: ``d = s1/K``, ``mean = c + d``,
+    ``var = max(s2/K - d^2, 0)``; returns ``(rstd, rstd * mean)``."""
+    d = s1 / K
+    var = tl.maximum(s2 / K - d * d, 0.0)
+    rstd = tl.math.rsqrt(var + eps)  # not libdevice: it returns None in the interpreter
+    return rstd, rstd * (c + d)
+
+
+@triton.jit
+def _ln_apply(acc, rstd, rm, colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr):
+    """``rstd * acc - (rstd * mean) ⊗ colsum + beta_b`` on one [BLOCK_M, BLOCK_N] fp32 accumulator tile."""
+    cols = off_n + tl.arange(0, BLOCK_N)
+    cs = tl.load(colsum_ptr + cols, mask=cols < N, other=0.0)
+    bb = tl.load(betab_ptr + cols, mask=cols < N, other=0.0)
+    return acc * rstd[:, None] - rm[:, None] * cs[None, :] + bb[None, :]
+
+
+@triton.jit
 def _lazy_rmsnorm_matmul_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                 GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                                SUMSQ: tl.constexpr):
+                                SUMSQ: tl.constexpr, colsum_ptr=None, betab_ptr=None, LN: tl.constexpr = False,
+                                EVEN_K: tl.constexpr = False):
+    """``schedule="tile"``. ``LN`` (LayerNorm, ``lazy_layernorm_matmul``): shifted ``(sum y, sum y^2)`` instead of
+    the sum of squares, and the rank-1 epilogue with ``colsum_ptr`` / ``betab_ptr`` (fp32 [N])."""
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
@@ -290,83 +335,136 @@ def _lazy_rmsnorm_matmul_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
     a_rows_ptr = a_ptr + rows.to(tl.int64)[:, None] * K
 
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    s1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    shift = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if LN:  # per-row shift: the row's first element (0 for rows past M)
+        shift = tl.load(a_ptr + rows.to(tl.int64) * K, mask=rows < M, other=0.0).to(tl.float32)
     if SUMSQ == "prepass":
         # statistics first, in their own loop: nothing loaded here reaches the dot
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
+            if LN:
+                p1, p2 = _tile_ln_stats_reload(a_rows_ptr, row_ok, shift, k0, K, BLOCK_K, EVEN_K)
+                s1 += p1
+                ss += p2
+            else:
+                ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
 
     # "shared_tile": `a` feeds the dot AND the reduction (triton#6691 territory); "reload": a separate pointer
     # load of the same tile, so no loaded value has two consumers; "prepass": a plain GEMM loop
-    acc, ss_loop = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                           NUM_STAGES, DOT_PRECISION, "none" if SUMSQ == "prepass" else SUMSQ)
+    acc, ss_loop, s1_loop = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K, BLOCK_M, BLOCK_N,
+                                    BLOCK_K, NUM_STAGES, DOT_PRECISION, "none" if SUMSQ == "prepass" else SUMSQ,
+                                    shift, LN, EVEN_K)
     ss += ss_loop
 
-    rstd = tl.math.rsqrt(ss / K + eps)  # not libdevice: it returns None in the interpreter
-    acc = acc * rstd[:, None]
+    if LN:
+        s1 += s1_loop
+        rstd, rm = _ln_row_scales(s1, ss, shift, K, eps)
+        acc = _ln_apply(acc, rstd, rm, colsum_ptr, betab_ptr, off_n, N, BLOCK_N)
+    else:
+        rstd = tl.math.rsqrt(ss / K + eps)  # not libdevice: it returns None in the interpreter
+        acc = acc * rstd[:, None]
     c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
 @triton.jit
 def _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-            DOT_PRECISION: tl.constexpr, SS_MODE: tl.constexpr):
-    """One output tile's pipelined K loop (TMA A and B -> wgmma); returns ``(acc, ss)``. ``SS_MODE``:
-    ``"none"`` (plain GEMM loop, ``ss`` stays 0), ``"shared_tile"`` or ``"reload"`` (the sum of squares of the
-    A rows taken in the same loop, as in the tile schedule)."""
+            DOT_PRECISION: tl.constexpr, SS_MODE: tl.constexpr, shift, LN: tl.constexpr, EVEN_K: tl.constexpr):
+    """One output tile's pipelined K loop (TMA A and B -> wgmma); returns ``(acc, ss, s1)``. ``SS_MODE``:
+    ``"none"`` (plain GEMM loop, ``ss``/``s1`` stay 0), ``"shared_tile"`` or ``"reload"`` (the row statistics
+    taken in the same loop, as in the tile schedule): the sum of squares, or with ``LN`` the shifted
+    ``sum y^2`` (``ss``) and ``sum y`` (``s1``), ``y = a - shift``."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    s1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         a = a_desc.load([off_m, k0])
         b = b_desc.load([k0, off_n])
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if SS_MODE == "shared_tile":
             af = a.to(tl.float32)
-            ss += tl.sum(af * af, axis=1)
+            if LN:
+                p1, p2 = _tile_ln_stats(af, shift, k0, K, BLOCK_K, EVEN_K)
+                s1 += p1
+                ss += p2
+            else:
+                ss += tl.sum(af * af, axis=1)
         elif SS_MODE == "reload":
-            ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
-    return acc, ss
+            if LN:
+                p1, p2 = _tile_ln_stats_reload(a_rows_ptr, row_ok, shift, k0, K, BLOCK_K, EVEN_K)
+                s1 += p1
+                ss += p2
+            else:
+                ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
+    return acc, ss, s1
 
 
 @triton.jit
 def _rowblock_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, SUMSQ: tl.constexpr,
-                     PRE_STAGES: tl.constexpr, FLATTEN: tl.constexpr):
+                     PRE_STAGES: tl.constexpr, FLATTEN: tl.constexpr, colsum_ptr=None, betab_ptr=None,
+                     LN: tl.constexpr = False, EVEN_K: tl.constexpr = False):
     """``schedule="rowblock"`` (``FLATTEN``) / ``"rowblock_nested"``: one program per BLOCK_M row block, looping
     over ALL N tiles; rstd once per row block (module docstring). ``SUMSQ="none"`` is the plain GEMM with this
-    schedule (the ``matmul`` op; ``a_ptr``/``eps`` unused). ``PRE_STAGES``: pipeline depth of the prepass."""
+    schedule (the ``matmul`` op; ``a_ptr``/``eps`` unused). ``PRE_STAGES``: pipeline depth of the prepass.
+    ``LN``: LayerNorm statistics (shifted sums) and the rank-1 epilogue, as in ``_lazy_rmsnorm_matmul_kernel``."""
     off_m = tl.program_id(0) * BLOCK_M
     rows = off_m + tl.arange(0, BLOCK_M)
     row_ok = (rows < M)[:, None]
     a_rows_ptr = a_ptr + rows.to(tl.int64)[:, None] * K
 
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    s1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    shift = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if LN:  # per-row shift: the row's first element (0 for rows past M)
+        shift = tl.load(a_ptr + rows.to(tl.int64) * K, mask=rows < M, other=0.0).to(tl.float32)
     if SUMSQ == "prepass":
         # Statistics of the whole row block first, through TMA (zero-filled past M and K): A comes from HBM here
         # and stays in L2 for the GEMM loops. Elementwise fp32 accumulation, one cross-thread reduction at the end.
         # No dot in this loop, so nothing loaded here has two consumers (triton#6691 cannot hit). Its ring is
         # dead before the GEMM rings are allocated, so PRE_STAGES (> NUM_STAGES) costs no extra shared memory.
         sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=PRE_STAGES):
-            x = a_desc.load([off_m, k0]).to(tl.float32)
-            sq += x * x
+        if LN:
+            sy = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+            for k0 in tl.range(0, K, BLOCK_K, num_stages=PRE_STAGES):
+                y = a_desc.load([off_m, k0]).to(tl.float32) - shift[:, None]
+                if not EVEN_K:  # the zero-filled K padding would contribute -shift
+                    y = tl.where(((k0 + tl.arange(0, BLOCK_K)) < K)[None, :], y, 0.0)
+                sy += y
+                sq += y * y
+            s1 = tl.sum(sy, axis=1)
+        else:
+            for k0 in tl.range(0, K, BLOCK_K, num_stages=PRE_STAGES):
+                x = a_desc.load([off_m, k0]).to(tl.float32)
+                sq += x * x
         ss = tl.sum(sq, axis=1)
 
     PEEL: tl.constexpr = SUMSQ == "shared_tile" or SUMSQ == "reload"
     if PEEL:
-        # first N tile, peeled: the sum of squares comes from its K loop
-        acc, ss = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, 0, K,
-                          BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, SUMSQ)
-    rstd = tl.math.rsqrt(ss / K + eps)  # unused (and removed) when SUMSQ == "none"
+        # first N tile, peeled: the statistics come from its K loop
+        acc, ss, s1 = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, 0, K,
+                              BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, SUMSQ, shift, LN, EVEN_K)
+    if LN:
+        rstd, rm = _ln_row_scales(s1, ss, shift, K, eps)
+    else:
+        rstd = tl.math.rsqrt(ss / K + eps)  # unused (and removed) when SUMSQ == "none"
+        rm = rstd  # unused
     if PEEL:
-        c_desc.store([off_m, 0], (acc * rstd[:, None]).to(c_desc.dtype))
+        if LN:
+            c_desc.store([off_m, 0], _ln_apply(acc, rstd, rm, colsum_ptr, betab_ptr, 0, N, BLOCK_N).to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, 0], (acc * rstd[:, None]).to(c_desc.dtype))
 
     # the (remaining) N tiles: plain GEMM loops, rstd reused
     for off_n in tl.range(BLOCK_N if PEEL else 0, N, BLOCK_N, flatten=FLATTEN):
-        acc, _ = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K,
-                         BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, "none")
+        acc, _, _ = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K,
+                            BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, "none", shift, LN, EVEN_K)
         if SUMSQ != "none":
-            acc = acc * rstd[:, None]
+            if LN:
+                acc = _ln_apply(acc, rstd, rm, colsum_ptr, betab_ptr, off_n, N, BLOCK_N)
+            else:
+                acc = acc * rstd[:, None]
         c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
@@ -484,29 +582,72 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
     return c
 
 
-def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None) -> dict:
-    """Compile ``op`` ("matmul" or "lazy_rmsnorm_matmul") for sm_90 without launching it; return
-    ``normfuse.compile_only.summarize(compiled)`` (PTX marker counts incl. wgmma / TMA, shared bytes, warps).
+def _ln_meta(a, b_folded, colsum, beta_b, eps, config, *, launch: bool):
+    """``_prepare`` plus the LayerNorm extras: the epilogue vectors validated, ``LN`` and ``EVEN_K`` set."""
+    eps = _check_eps(eps)
+    cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b_folded, eps, config, launch=launch)
+    check_layernorm_vectors(colsum, beta_b, N, a.device)
+    meta.update(LN=True, EVEN_K=K % cfg.BLOCK_K == 0)
+    return eps, cfg, (M, N, K), c, descs, grid, meta
+
+
+def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor, *,
+                          eps: float = 1e-5, config=None) -> torch.Tensor:
+    """Fused Lazy Pre-Norm for LayerNorm: ``C = rstd ⊙ (a @ b_folded) - (rstd * mean) ⊗ colsum + beta_b``, fp32
+    statistics, accumulator and epilogue, returned in ``a.dtype``. Equals ``(LN(a) * gamma + beta) @ b`` when
+    ``b_folded = diag(gamma) @ b``, ``colsum = b_folded.float().sum(0)`` and ``beta_b = beta @ b`` in fp32
+    (``normfuse.techniques.lazy_prenorm.fold_gamma`` / ``layernorm_vectors``, computed once outside timing).
+
+    Statistics: per row, the shifted sums ``S1 = sum_k (a_ik - c_i)`` and ``S2 = sum_k (a_ik - c_i)^2`` with
+    ``c_i = a_i0`` (shifted one-pass variance; the K padding is masked), accumulated in fp32 by the same
+    ``config.sumsq`` / ``config.schedule`` machinery as ``lazy_rmsnorm_matmul`` (``"reload"``: a separate pointer
+    load of each A tile in the K loop; ``"prepass"``: a dot-free loop first; row-block schedules: once per row
+    block). Then ``mean = c + S1/K``, ``var = max(S2/K - (S1/K)^2, 0)``, ``rstd = rsqrt(var + eps)``.
+
+    ``a [M, K]``, ``b_folded [K, N]``: as in ``matmul``. ``colsum``, ``beta_b``: fp32 ``[N]``, contiguous, on
+    ``a``'s device. ``eps``: finite float > 0 (default 1e-5, ``torch.nn.LayerNorm``'s). ``config``: as in
+    ``lazy_rmsnorm_matmul``.
+
+    Raises TypeError / ValueError as ``lazy_rmsnorm_matmul``, plus TypeError for a non-tensor or non-fp32
+    ``colsum``/``beta_b`` and ValueError for a wrong shape, device or layout of them. Sources: the PyTorch blog
+    "Towards Free Normalization" (RMSNorm form; the LayerNorm extension is ours, docs techniques.md §5),
+    https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+    shifted one-pass variance: Chan, Golub & LeVeque, "Algorithms for computing the sample variance" (1983).
+    """
+    eps, cfg, (M, N, K), c, descs, grid, meta = _ln_meta(a, b_folded, colsum, beta_b, eps, config, launch=True)
+    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+        kernel = _rowblock_kernel if cfg.schedule != "tile" else _lazy_rmsnorm_matmul_kernel
+        kernel[grid](*descs, a, M, N, K, eps, SUMSQ=cfg.sumsq, colsum_ptr=colsum, betab_ptr=beta_b, **meta)
+    return c
+
+
+def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor | None = None,
+                 beta_b: torch.Tensor | None = None, *, eps: float = 1e-6, config=None) -> dict:
+    """Compile ``op`` (one of ``ALL_OPS``: "matmul", "lazy_rmsnorm_matmul", "lazy_layernorm_matmul") for sm_90
+    without launching it; return ``normfuse.compile_only.summarize(compiled)`` (PTX marker counts incl. wgmma /
+    TMA, shared bytes, warps).
 
     The caller must already have run ``normfuse.compile_only.install(90)`` in this process (the fake driver is
     process-global) and must not set ``TRITON_INTERPRET``. ``a [M, K]``, ``b [K, N]``: CPU tensors with the
-    real shapes and dtype (``torch.empty`` is enough; they are never read). ``config`` as in ``matmul``.
+    real shapes and dtype (``torch.empty`` is enough; they are never read). ``colsum``, ``beta_b``: the
+    LayerNorm op's fp32 ``[N]`` vectors; None allocates empty ones. ``config`` as in ``matmul``.
     Raises ValueError for an unknown ``op``, RuntimeError under ``TRITON_INTERPRET=1``, the errors of
-    ``matmul`` / ``lazy_rmsnorm_matmul`` for bad inputs or config, and Triton's compile errors as they come
-    (``OutOfResources`` is NOT raised here, since nothing is loaded onto a device: check ``shared_bytes`` /
-    ``smem_ok`` in the result). Compiles through ``kernel.warmup(..., grid=...)``. Sources: see
-    ``lazy_rmsnorm_matmul``.
+    ``matmul`` / ``lazy_rmsnorm_matmul`` / ``lazy_layernorm_matmul`` for bad inputs or config, and Triton's
+    compile errors as they come (``OutOfResources`` is NOT raised here, since nothing is loaded onto a device:
+    check ``shared_bytes`` / ``smem_ok`` in the result). Compiles through ``kernel.warmup(..., grid=...)``.
+    Sources: see ``lazy_rmsnorm_matmul``.
     """
     from normfuse.compile_only import summarize
 
-    return summarize(compile_sm90_kernel(op, a, b, eps=eps, config=config))
+    return summarize(compile_sm90_kernel(op, a, b, colsum, beta_b, eps=eps, config=config))
 
 
-def compile_sm90_kernel(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None):
+def compile_sm90_kernel(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor | None = None,
+                        beta_b: torch.Tensor | None = None, *, eps: float = 1e-6, config=None):
     """As ``compile_sm90``, but return Triton's ``CompiledKernel`` itself (``.asm["ttgir"]``, ``.asm["ptx"]``,
     ``.metadata``), e.g. to check how the K loops were pipelined. Same preconditions and errors."""
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    if op not in ALL_OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(ALL_OPS)}")
     if _interpreting():
         raise RuntimeError("compile_sm90 cannot run under TRITON_INTERPRET=1")
     if op == "matmul":
@@ -514,6 +655,15 @@ def compile_sm90_kernel(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float
         if cfg.schedule != "tile":
             return _rowblock_kernel.warmup(*descs, a, M, N, K, 1.0, grid=grid, SUMSQ="none", **meta)
         return _matmul_kernel.warmup(*descs, M, N, K, grid=grid, **meta)
+    if op == LN_OP:
+        if isinstance(b, torch.Tensor) and b.dim() == 2:
+            n = b.shape[1]
+            colsum = torch.empty(n, dtype=torch.float32, device=a.device) if colsum is None else colsum
+            beta_b = torch.empty(n, dtype=torch.float32, device=a.device) if beta_b is None else beta_b
+        eps, cfg, (M, N, K), c, descs, grid, meta = _ln_meta(a, b, colsum, beta_b, eps, config, launch=False)
+        kernel = _rowblock_kernel if cfg.schedule != "tile" else _lazy_rmsnorm_matmul_kernel
+        return kernel.warmup(*descs, a, M, N, K, eps, grid=grid, SUMSQ=cfg.sumsq, colsum_ptr=colsum,
+                             betab_ptr=beta_b, **meta)
     eps = _check_eps(eps)
     cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b, eps, config, launch=False)
     kernel = _rowblock_kernel if cfg.schedule != "tile" else _lazy_rmsnorm_matmul_kernel

@@ -15,6 +15,7 @@ reference (``normfuse.techniques.<technique>``). Only a correct point is timed. 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -95,6 +96,8 @@ def measure(req: dict) -> dict:
     device = "cuda" if mode == "gpu" else "cpu"
     if mode == "gpu" and not torch.cuda.is_available():
         raise RuntimeError("mode=gpu but torch.cuda.is_available() is False")
+    if variant is not None and "variant" in inspect.signature(spec.make_inputs).parameters:
+        options = {"variant": variant, **options}  # e.g. lazy_prenorm's LayerNorm inputs carry beta, colsum, beta_b
     inputs = spec.make_inputs(M, N, K, dtype=dtype, device=device, seed=int(req.get("seed", 0)), **options)
     if dsl == registry.BASELINE_DSL:
         fn = spec.baseline(impl, inputs, eps, variant)

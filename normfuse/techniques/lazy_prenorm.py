@@ -1,6 +1,6 @@
-r"""Lazy Pre-Norm (RMSNorm -> GEMM): the technique's math, inputs, reference, cost model and tolerance.
+r"""Lazy Pre-Norm (RMSNorm or LayerNorm -> GEMM): the technique's math, inputs, reference, cost model and tolerance.
 
-Math (BLOG section 2)::
+Math, variant ``"rmsnorm"`` (BLOG section 2)::
 
     C = (rmsnorm(A, eps) * gamma) @ B
       = diag(rstd) @ (A @ (diag(gamma) @ B))        rstd_i = rsqrt(mean_k A_ik^2 + eps)
@@ -9,12 +9,31 @@ RMSNorm is a pure row scale, so it commutes with the GEMM: fold gamma into B onc
 timed region), accumulate the per-row sum of squares of A in fp32 while the K-loop streams A for the MMA, and
 scale the fp32 accumulator by ``rstd`` in the epilogue. The normalized activation is never written to memory.
 
+Variant ``"layernorm"`` (our extension; the BLOG says the trick "does not work with LayerNorm", techniques.md §5).
+With ``W' = diag(gamma) B`` (``b_folded``), ``s = colsum(W')`` and ``b' = beta @ B`` (both fp32 ``[N]``,
+precomputed once outside timing by ``layernorm_vectors``)::
+
+    C = (LN(A, eps) * gamma + beta) @ B
+      = diag(rstd) (A - mean 1^T) W' + 1 b'
+      = rstd ⊙ (A @ W')  -  (rstd * mean) ⊗ s  +  b'          mean_i = mean_k A_ik,  rstd_i = rsqrt(var_i + eps)
+
+so LayerNorm becomes the same GEMM plus a rank-1 epilogue correction. The kernels accumulate the per-row
+statistics in fp32 in the K loop, in shifted form (the "shifted data" one-pass algorithm, Chan, Golub & LeVeque,
+"Algorithms for computing the sample variance", 1983): with the per-row shift ``c_i = A_i0`` (the row's first
+element), ``S1 = sum_k (A_ik - c_i)`` and ``S2 = sum_k (A_ik - c_i)^2`` (padding columns masked to 0), then
+``d = S1/K``, ``mean = c + d``, ``var = max(S2/K - d^2, 0)``. The shift removes the catastrophic cancellation
+of the naive one-pass ``E[a^2] - E[a]^2`` when |mean| >> std (its fp32 relative error grows like (mean/std)^2;
+the shifted form's like ((mean - c)/std)^2 = O(1)). What the shift cannot remove is the cancellation in the
+epilogue: ``acc = A @ W'`` still carries the ``mean * s`` component, so the output's absolute error grows
+roughly like ``eps_fp32 * |mean| * |s| * rstd`` (measured in ``experiments/lazy_ln_cancellation.py``).
+
 Source: "Towards Free Normalization: Fusing Normalization into GEMM and Attention Kernels", PyTorch blog,
 2026-07-10, https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
 (the blog used eps = 1e-5; our default is 1e-6, as in Meta's TLX kernel, and it is configurable).
 
-Shapes and dtypes: ``a [M, K]``, ``gamma [K]``, ``b [K, N]``, all bf16 (fp16/fp32 accepted: the CPU
-interpreter runs fp16/fp32 because its bf16 dot is wrong). Output ``c [M, N]`` in the input dtype.
+Shapes and dtypes: ``a [M, K]``, ``gamma [K]`` (and ``beta [K]`` for LayerNorm), ``b [K, N]``, all bf16
+(fp16/fp32 accepted: the CPU interpreter runs fp16/fp32 because its bf16 dot is wrong); ``colsum``/``beta_b``
+fp32 ``[N]``. Output ``c [M, N]`` in the input dtype.
 Constraints: 2-D, row-major contiguous, one dtype, K and N multiples of 8 (16-byte rows for TMA), M >= 1.
 """
 
@@ -25,7 +44,7 @@ import math
 import torch
 
 NAME = "lazy_prenorm"
-VARIANTS = ("rmsnorm",)
+VARIANTS = ("rmsnorm", "layernorm")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ALIGN = 8  # elements: 16-byte rows for bf16 TMA descriptors
 
@@ -74,14 +93,32 @@ def check_inputs(a: torch.Tensor, b: torch.Tensor, eps: float | None = None) -> 
     return M, N, K
 
 
-def make_inputs(M: int, N: int, K: int, *, dtype: str = "bf16", device: str = "cpu", seed: int = 0) -> dict:
+def check_variant(variant: str | None) -> str:
+    """``variant`` ('rmsnorm', 'layernorm'; None means 'rmsnorm'), else ValueError listing the choices."""
+    if variant is None:
+        return "rmsnorm"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} for lazy_prenorm; choices: {', '.join(VARIANTS)}")
+    return variant
+
+
+def make_inputs(M: int, N: int, K: int, *, dtype: str = "bf16", device: str = "cpu", seed: int = 0,
+                variant: str | None = "rmsnorm", mean_shift: float = 0.0) -> dict:
     """Seeded random inputs for one shape, generated on ``device``: ``a [M,K]``, ``gamma [K]``, ``b [K,N]`` and
-    ``b_folded = gamma * b`` (folded once here, outside any timed region).
+    ``b_folded = gamma * b`` (folded once here, outside any timed region). For ``variant="layernorm"`` also
+    ``beta [K]`` and the fp32 ``[N]`` epilogue vectors ``colsum``, ``beta_b`` (``layernorm_vectors``).
 
     Rows of ``a`` have different scales (0.25..4) so that a wrong or missing rstd is visible; ``gamma`` is
-    1 + 0.1 N(0,1); ``b`` is N(0, 1/K) so that outputs are O(1). Never zeros.
+    1 + 0.1 N(0,1); ``b`` is N(0, 1/K) so that outputs are O(1). Never zeros. ``mean_shift`` (default 0.0) is
+    added to every element of ``a`` (before the cast to ``dtype``) to stress the one-pass LayerNorm statistics.
+    For LayerNorm, every row also gets its own mean, N(0,1) times its scale (drawn after everything else), so
+    that a kernel that drops the mean correction fails the check even at ``mean_shift=0``; ``beta`` is
+    0.1 N(0,1). The rmsnorm inputs are the same bit for bit as before the LayerNorm variant existed.
     """
     check_shape(M, N, K)
+    variant = check_variant(variant)
+    if isinstance(mean_shift, bool) or not isinstance(mean_shift, (int, float)) or not math.isfinite(mean_shift):
+        raise ValueError(f"mean_shift must be a finite number, got {mean_shift!r}")
     dt = torch_dtype(dtype)
     g = torch.Generator(device=device).manual_seed(seed)
 
@@ -89,15 +126,41 @@ def make_inputs(M: int, N: int, K: int, *, dtype: str = "bf16", device: str = "c
         return torch.randn(*shape, generator=g, device=device)
 
     row_scale = torch.exp2(torch.rand(M, 1, generator=g, device=device) * 4 - 2)
-    a = (randn(M, K) * row_scale).to(dt)
+    a = randn(M, K) * row_scale
     gamma = (1 + 0.1 * randn(K)).to(dt)
     b = (randn(K, N) / math.sqrt(K)).to(dt)
-    return {"a": a, "gamma": gamma, "b": b, "b_folded": fold_gamma(gamma, b)}
+    out = {"gamma": gamma, "b": b, "b_folded": fold_gamma(gamma, b)}
+    if variant == "layernorm":
+        beta = (0.1 * randn(K)).to(dt)
+        a = a + randn(M, 1) * row_scale  # per-row means: the rank-1 mean correction must be right
+        out["beta"] = beta
+        out["colsum"], out["beta_b"] = layernorm_vectors(out["b_folded"], beta, b)
+    if mean_shift:
+        a = a + float(mean_shift)
+    return {"a": a.to(dt), **out}
 
 
 def fold_gamma(gamma: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``diag(gamma) @ b`` computed in fp32 and rounded once to b's dtype (done once, outside timing)."""
     return (gamma.float()[:, None] * b.float()).to(b.dtype)
+
+
+def layernorm_vectors(b_folded: torch.Tensor, beta: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LayerNorm epilogue vectors, fp32 ``[N]``, computed once outside timing (like ``b_folded``):
+    ``colsum = sum_k b_folded[k, :]`` -- of the *rounded* ``b_folded`` that the kernel multiplies with, so that
+    ``mean * colsum`` cancels the mean component of ``A @ b_folded`` up to fp32 rounding -- and
+    ``beta_b = beta @ b`` (fp32 products and sums of the input-dtype values)."""
+    colsum = b_folded.float().sum(0)
+    beta_b = (beta.float()[:, None] * b.float()).sum(0)
+    return colsum.contiguous(), beta_b.contiguous()
+
+
+def layernorm_stats(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 two-pass ``(mean, rstd)`` per row of ``a [M, K]`` (biased variance): the reference statistics."""
+    af = a.float()
+    mean = af.mean(-1)
+    var = (af - mean[:, None]).pow(2).mean(-1)
+    return mean, torch.rsqrt(var + eps)
 
 
 def rstd(a: torch.Tensor, eps: float) -> torch.Tensor:
@@ -114,10 +177,17 @@ def rmsnorm(a: torch.Tensor, eps: float, gamma: torch.Tensor | None = None) -> t
     return y.to(a.dtype)
 
 
-def reference(inputs: dict, eps: float) -> torch.Tensor:
-    """fp32 reference ``(rmsnorm(a, eps) * gamma) @ b`` (true fp32 matmul, TF32 off); returns fp32 ``[M, N]``."""
+def reference(inputs: dict, eps: float, variant: str | None = "rmsnorm") -> torch.Tensor:
+    """fp32 reference (true fp32 matmul, TF32 off); returns fp32 ``[M, N]``. 'rmsnorm':
+    ``(rmsnorm(a, eps) * gamma) @ b``; 'layernorm': ``(LN(a, eps) * gamma + beta) @ b`` with two-pass fp32
+    statistics, i.e. ``LN(a)·γ @ b + β @ b``."""
+    variant = check_variant(variant)
     a, gamma, b = inputs["a"], inputs["gamma"], inputs["b"]
-    y = a.float() * rstd(a, eps)[:, None] * gamma.float()
+    if variant == "layernorm":
+        mean, rs = layernorm_stats(a, eps)
+        y = (a.float() - mean[:, None]) * rs[:, None] * gamma.float() + inputs["beta"].float()
+    else:
+        y = a.float() * rstd(a, eps)[:, None] * gamma.float()
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -126,11 +196,40 @@ def reference(inputs: dict, eps: float) -> torch.Tensor:
         torch.backends.cuda.matmul.allow_tf32 = prev
 
 
-def unfused_torch(inputs: dict, eps: float) -> torch.Tensor:
+def unfused_torch(inputs: dict, eps: float, variant: str | None = "rmsnorm") -> torch.Tensor:
     """The same computation in the input dtype, the way an unfused PyTorch model does it:
-    ``rmsnorm(a) * gamma`` rounded to the dtype, then ``@ b``. Its error sets the tolerance."""
+    ``rmsnorm(a) * gamma`` (or ``F.layer_norm(a, (K,), gamma, beta)``) rounded to the dtype, then ``@ b``.
+    Its error sets the tolerance."""
+    variant = check_variant(variant)
     a, gamma, b = inputs["a"], inputs["gamma"], inputs["b"]
+    if variant == "layernorm":
+        return torch.nn.functional.layer_norm(a, (a.shape[-1],), gamma, inputs["beta"], eps) @ b
     return rmsnorm(a, eps, gamma) @ b
+
+
+def lazy_layernorm_emulated(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor,
+                            eps: float, *, block_k: int = 64, shift: bool = True) -> torch.Tensor:
+    """The fused LayerNorm kernels' arithmetic, emulated in torch on the CPU (returns fp32 ``[M, N]``, before the
+    output cast): fp32 accumulator ``a @ b_folded`` (products of the input-dtype values, fp32 sums), per-row
+    statistics accumulated per K tile of ``block_k`` columns in fp32 -- shifted by the row's first element when
+    ``shift`` (what the kernels do), or the naive one-pass ``sum a, sum a^2`` otherwise (for comparison) -- and the
+    epilogue ``rstd * acc - rstd * mean * colsum + beta_b``. Used by ``experiments/lazy_ln_cancellation.py`` and
+    the tests to measure the one-pass cancellation without a GPU."""
+    af = a.float()
+    M, K = af.shape
+    c = af[:, :1] if shift else torch.zeros(M, 1, dtype=torch.float32, device=a.device)
+    s1 = torch.zeros(M, dtype=torch.float32, device=a.device)
+    s2 = torch.zeros(M, dtype=torch.float32, device=a.device)
+    for k0 in range(0, K, block_k):  # one K tile at a time, as the kernels' loops do
+        y = af[:, k0:k0 + block_k] - c
+        s1 += y.sum(-1)
+        s2 += (y * y).sum(-1)
+    d = s1 / K
+    mean = c[:, 0] + d
+    var = torch.clamp(s2 / K - d * d, min=0.0)
+    rs = torch.rsqrt(var + eps)
+    acc = af @ b_folded.float()
+    return acc * rs[:, None] - (rs * mean)[:, None] * colsum.float()[None, :] + beta_b.float()[None, :]
 
 
 def tolerance(ref: torch.Tensor, same_dtype_out: torch.Tensor, atol_rel: float = 1e-3) -> float:
@@ -177,13 +276,15 @@ IMPLS = ("fused", "gemm", "cublas", "torch_compile_norm")
 NORM_IMPLS = ("torch_compile_norm",)
 
 
-def references(impl: str, inputs: dict, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def references(impl: str, inputs: dict, eps: float, variant: str | None = "rmsnorm") -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 reference, same-dtype PyTorch result) for what ``impl`` computes on ``inputs``:
-    'fused' -> (rmsnorm(a)·gamma) @ b; 'gemm'/'cublas' -> a @ b_folded; 'torch_compile_norm' -> rmsnorm(a)
-    (no affine: gamma is folded into b on both the fused and the unfused path)."""
+    'fused' -> (rmsnorm(a)·gamma) @ b or (LN(a)·gamma + beta) @ b; 'gemm'/'cublas' -> a @ b_folded;
+    'torch_compile_norm' -> rmsnorm(a) or LN(a) (no affine: gamma and beta are folded into the GEMM on both the
+    fused and the unfused path)."""
+    variant = check_variant(variant)
     a, bf = inputs["a"], inputs["b_folded"]
     if impl == "fused":
-        return reference(inputs, eps), unfused_torch(inputs, eps)
+        return reference(inputs, eps, variant), unfused_torch(inputs, eps, variant)
     if impl in ("gemm", "cublas"):
         prev = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -193,6 +294,10 @@ def references(impl: str, inputs: dict, eps: float) -> tuple[torch.Tensor, torch
             torch.backends.cuda.matmul.allow_tf32 = prev
         return ref, a @ bf
     if impl in NORM_IMPLS:
+        if variant == "layernorm":
+            mean, rs = layernorm_stats(a, eps)
+            return ((a.float() - mean[:, None]) * rs[:, None],
+                    torch.nn.functional.layer_norm(a, (a.shape[-1],), None, None, eps))
         return a.float() * rstd(a, eps)[:, None], rmsnorm(a, eps)
     raise ValueError(f"unknown impl {impl!r}; choices: {', '.join(IMPLS)}")
 
@@ -200,43 +305,69 @@ def references(impl: str, inputs: dict, eps: float) -> tuple[torch.Tensor, torch
 # --- how the worker calls each implementation ----------------------------------------------------------------
 BASELINES = ("cublas", "torch_compile_norm")
 KERNEL_FUNCTIONS = {"fused": "lazy_rmsnorm_matmul", "gemm": "matmul"}
+LAYERNORM_FUSED_FUNCTION = "lazy_layernorm_matmul"
 
 
 def kernel_function_name(impl: str, variant: str | None = None) -> str:
-    """Name of the function implementing ``impl`` in every ``kernels_<dsl>/lazy_prenorm.py``."""
+    """Name of the function implementing ``impl`` in every ``kernels_<dsl>/lazy_prenorm.py``: 'fused' is
+    ``lazy_rmsnorm_matmul`` (variant 'rmsnorm' or None) or ``lazy_layernorm_matmul``; 'gemm' is ``matmul``."""
     if impl not in KERNEL_FUNCTIONS:
         raise ValueError(f"unknown impl {impl!r} for lazy_prenorm; choices: {', '.join(KERNEL_FUNCTIONS)}")
+    if impl == "fused" and check_variant(variant) == "layernorm":
+        return LAYERNORM_FUSED_FUNCTION
     return KERNEL_FUNCTIONS[impl]
 
 
 def compile_inputs(M: int, N: int, K: int, dtype: str) -> tuple:
-    """Uninitialized CPU tensors with the kernel's argument shapes, for the sm_90 compile-only check."""
+    """Uninitialized CPU tensors with the kernel's argument shapes, for the sm_90 compile-only check (the
+    LayerNorm kernels' ``compile_sm90`` allocates the fp32 ``[N]`` epilogue vectors itself when not given)."""
     dt = torch_dtype(dtype)
     return torch.empty(M, K, dtype=dt), torch.empty(K, N, dtype=dt)
 
 
+def check_layernorm_vectors(colsum, beta_b, N: int, device) -> None:
+    """Validate the LayerNorm epilogue vectors: fp32 tensors of shape ``[N]``, contiguous, on ``device``.
+    Raises TypeError (not a tensor, not fp32) or ValueError (shape, contiguity, device), naming the argument."""
+    for name, v in (("colsum", colsum), ("beta_b", beta_b)):
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (fp32 [N]), got {type(v).__name__}")
+        if v.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32 (fp32 epilogue vector), got {v.dtype}")
+        if v.shape != (N,):
+            raise ValueError(f"{name} must have shape [N] = [{N}], got {tuple(v.shape)}")
+        if not v.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        if v.device != device:
+            raise ValueError(f"{name} is on {v.device}, a and b on {device}")
+
+
 def check(impl: str, out: torch.Tensor, inputs: dict, eps: float, variant: str | None = None) -> dict:
     """Errors of ``out`` against the fp32 reference of ``impl``, with the flash-attention tolerance."""
-    ref, same = references(impl, inputs, eps)
+    ref, same = references(impl, inputs, eps, variant)
     return compare(out, ref, tolerance(ref, same))
 
 
 def kernel_call(kernel, impl: str, inputs: dict, eps: float, config: dict, variant: str | None = None):
     """Zero-argument callable running a DSL kernel on ``inputs``: ``matmul(a, b_folded)`` for 'gemm',
-    ``lazy_rmsnorm_matmul(a, b_folded, eps)`` for 'fused' (gamma was folded once, in ``make_inputs``)."""
+    ``lazy_rmsnorm_matmul(a, b_folded, eps)`` or ``lazy_layernorm_matmul(a, b_folded, colsum, beta_b, eps)`` for
+    'fused' (gamma was folded, and colsum / beta_b computed, once in ``make_inputs``)."""
     a, bf = inputs["a"], inputs["b_folded"]
     if impl == "gemm":
         return lambda: kernel(a, bf, config=config)
     if impl == "fused":
+        if check_variant(variant) == "layernorm":
+            cs, bb = inputs["colsum"], inputs["beta_b"]
+            return lambda: kernel(a, bf, cs, bb, eps=eps, config=config)
         return lambda: kernel(a, bf, eps=eps, config=config)
     raise ValueError(f"unknown kernel impl {impl!r}; choices: fused, gemm")
 
 
 def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
     """Zero-argument callables for the unfused baselines: 'cublas' (``torch.matmul``, the GEMM of the unfused
-    pair) and 'torch_compile_norm' (RMSNorm without affine, compiled by Inductor for this one shape: a dynamo
-    reset, then ``dynamic=False``; one function reused across shapes turns dynamic and runs 1.5-2.5x slower).
-    The blog's "% hidden" is relative to this norm."""
+    pair) and 'torch_compile_norm' (RMSNorm, or LayerNorm via ``F.layer_norm``, without affine, compiled by
+    Inductor for this one shape: a dynamo reset, then ``dynamic=False``; one function reused across shapes turns
+    dynamic and runs 1.5-2.5x slower). The blog's "% hidden" is relative to this norm."""
+    variant = check_variant(variant)
     a, bf = inputs["a"], inputs["b_folded"]
     if impl == "cublas":
         return lambda: torch.matmul(a, bf)
@@ -247,7 +378,11 @@ def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
             xf = x.float()
             return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
-        compiled = torch.compile(rmsnorm_no_affine, dynamic=False)
+        def layernorm_no_affine(x):
+            return torch.nn.functional.layer_norm(x, (x.shape[-1],), None, None, eps)
+
+        fn = layernorm_no_affine if variant == "layernorm" else rmsnorm_no_affine
+        compiled = torch.compile(fn, dynamic=False)
         return lambda: compiled(a)
     raise ValueError(f"unknown baseline {impl!r}; choices: cublas, torch_compile_norm")
 
