@@ -97,7 +97,7 @@ import helion.language as hl
 import torch
 from helion.runtime.ref_mode import is_ref_mode_enabled
 
-from normfuse.techniques.lazy_prenorm import check_inputs
+from normfuse.techniques.lazy_prenorm import check_inputs, check_layernorm_vectors
 from normfuse.tiling import TilingConfigBase
 
 __all__ = [
@@ -108,6 +108,7 @@ __all__ = [
     "SUMSQ_VARIANTS",
     "matmul",
     "lazy_rmsnorm_matmul",
+    "lazy_layernorm_matmul",
     "compile_sm90",
     "compile_sm90_kernel",
     "ptxas_usage",
@@ -116,7 +117,12 @@ __all__ = [
 ]
 
 OPS = ("matmul", "lazy_rmsnorm_matmul")
+LN_OP = "lazy_layernorm_matmul"
+ALL_OPS = OPS + (LN_OP,)
 SUMSQ_VARIANTS = ("shared_tile", "reload", "prepass", "rowblock")
+# The LayerNorm op reuses every formulation except the naive "shared_tile" (miscompiled by the pipeliner at
+# num_stages > 1 on the H200 for RMSNorm; correct only at num_stages=1, where it is the slowest config).
+LN_SUMSQ_VARIANTS = ("reload", "prepass", "rowblock")
 INDEXING = ("pointer", "tensor_descriptor", "block_ptr")
 EVICTION = ("auto", "", "first", "last")
 PID_TYPES = ("flat", "xyz", "persistent_blocked", "persistent_interleaved")
@@ -129,7 +135,12 @@ MEMORY_OPS = {
     ("lazy_rmsnorm_matmul", "reload"): ("a", "b", "a_sumsq", "out"),
     ("lazy_rmsnorm_matmul", "prepass"): ("a_sumsq", "a", "b", "out"),
     ("lazy_rmsnorm_matmul", "rowblock"): ("a_sumsq", "a", "b", "out"),
+    # LayerNorm: the per-row shift a[:, 0] first, the epilogue vectors before the store (all three "pointer")
+    (LN_OP, "reload"): ("a_shift", "a", "b", "a_sumsq", "colsum", "beta_b", "out"),
+    (LN_OP, "prepass"): ("a_shift", "a_sumsq", "a", "b", "colsum", "beta_b", "out"),
+    (LN_OP, "rowblock"): ("a_shift", "a_sumsq", "a", "b", "colsum", "beta_b", "out"),
 }
+LN_POINTER_OPS = ("a_shift", "colsum", "beta_b")  # always pointer loads (1-element / 1-D fp32 boxes)
 # Device loops (`tl.range`s) of each kernel, in program order: range_* tuples hold one entry per loop. Helion's
 # own range_* lists have one more entry in front, for the grid (tile) loop, which exists only under a persistent
 # pid_type; `TilingConfig.to_helion` fills it from `persistent_flatten`.
@@ -139,9 +150,12 @@ DEVICE_LOOPS = {
     ("lazy_rmsnorm_matmul", "reload"): ("k",),
     ("lazy_rmsnorm_matmul", "prepass"): ("k_sumsq", "k"),
     ("lazy_rmsnorm_matmul", "rowblock"): ("k_sumsq", "n", "k"),
+    (LN_OP, "reload"): ("k",),
+    (LN_OP, "prepass"): ("k_sumsq", "k"),
+    (LN_OP, "rowblock"): ("k_sumsq", "n", "k"),
 }
 # Kernels whose grid loop tiles M only (no l2_groupings entry in their Helion config).
-ROW_GRID = frozenset({("lazy_rmsnorm_matmul", "rowblock")})
+ROW_GRID = frozenset({("lazy_rmsnorm_matmul", "rowblock"), (LN_OP, "rowblock")})
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -232,12 +246,100 @@ def _lazy_rowblock_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch
     return out
 
 
+# --- LayerNorm (lazy_layernorm_matmul): the same three formulations with shifted one-pass statistics ----------
+# Per row: shift = a[:, 0] (fp32), s1 = sum(a - shift), s2 = sum((a - shift)^2) over K, the K padding masked
+# explicitly (Helion does not re-mask `tile - shift`, see the module docstring). Epilogue:
+# out = rstd * acc - (rstd * mean) * colsum + beta_b.
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _lazy_ln_reload_kernel(a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor,
+                           eps: float) -> torch.Tensor:
+    m, k = a.size()
+    _, n = b.size()
+    out = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        shift = a[tile_m, 0].to(torch.float32)  # memory op 0 (a_shift)
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        s1 = hl.zeros([tile_m], dtype=torch.float32)
+        s2 = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])  # memory ops 1 (a), 2 (b)
+            y = a[tile_m, tile_k].to(torch.float32) - shift[:, None]  # memory op 3: a second load of the A tile
+            y = torch.where((tile_k.index < k)[None, :], y, 0.0)  # K padding: 0, not -shift (module docstring)
+            s1 = s1 + torch.sum(y, dim=-1)
+            s2 = s2 + torch.sum(y * y, dim=-1)
+        d = s1 / k
+        rstd = torch.rsqrt(torch.clamp(s2 / k - d * d, min=0.0) + eps)
+        rm = rstd * (shift + d)
+        cs = colsum[tile_n]  # memory op 4
+        bb = beta_b[tile_n]  # memory op 5
+        out[tile_m, tile_n] = (acc * rstd[:, None] - rm[:, None] * cs[None, :] + bb[None, :]).to(out.dtype)
+    return out
+
+
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _lazy_ln_prepass_kernel(a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor,
+                            eps: float) -> torch.Tensor:
+    m, k = a.size()
+    _, n = b.size()
+    out = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        shift = a[tile_m, 0].to(torch.float32)  # memory op 0 (a_shift)
+        s1 = hl.zeros([tile_m], dtype=torch.float32)
+        s2 = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_ks in hl.tile(k):  # loop 0: statistics only, no dot in this loop
+            y = a[tile_m, tile_ks].to(torch.float32) - shift[:, None]  # memory op 1 (a_sumsq)
+            y = torch.where((tile_ks.index < k)[None, :], y, 0.0)  # K padding: 0, not -shift (module docstring)
+            s1 = s1 + torch.sum(y, dim=-1)
+            s2 = s2 + torch.sum(y * y, dim=-1)
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):  # loop 1: plain GEMM loop
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        d = s1 / k
+        rstd = torch.rsqrt(torch.clamp(s2 / k - d * d, min=0.0) + eps)
+        rm = rstd * (shift + d)
+        cs = colsum[tile_n]
+        bb = beta_b[tile_n]
+        out[tile_m, tile_n] = (acc * rstd[:, None] - rm[:, None] * cs[None, :] + bb[None, :]).to(out.dtype)
+    return out
+
+
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _lazy_ln_rowblock_kernel(a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor,
+                             eps: float) -> torch.Tensor:
+    m, k = a.size()
+    _, n = b.size()
+    out = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m in hl.tile(m):  # grid: one program per row block
+        shift = a[tile_m, 0].to(torch.float32)  # memory op 0 (a_shift)
+        s1 = hl.zeros([tile_m], dtype=torch.float32)
+        s2 = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_ks in hl.tile(k):  # loop k_sumsq: the statistics, once per row block, no dot in this loop
+            y = a[tile_m, tile_ks].to(torch.float32) - shift[:, None]  # memory op 1 (a_sumsq)
+            y = torch.where((tile_ks.index < k)[None, :], y, 0.0)  # K padding: 0, not -shift (module docstring)
+            s1 = s1 + torch.sum(y, dim=-1)
+            s2 = s2 + torch.sum(y * y, dim=-1)
+        d = s1 / k
+        rstd = torch.rsqrt(torch.clamp(s2 / k - d * d, min=0.0) + eps)
+        rm = rstd * (shift + d)
+        for tile_n in hl.tile(n):  # loop n: every N tile of the row block reuses rstd and rstd * mean
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):  # loop k: plain GEMM loop (memory ops 2 (a), 3 (b))
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            cs = colsum[tile_n]  # memory op 4
+            bb = beta_b[tile_n]  # memory op 5
+            out[tile_m, tile_n] = (acc * rstd[:, None] - rm[:, None] * cs[None, :] + bb[None, :]).to(out.dtype)
+    return out
+
+
 _KERNELS = {
     ("matmul", None): _matmul_kernel,
     ("lazy_rmsnorm_matmul", "shared_tile"): _lazy_shared_tile_kernel,
     ("lazy_rmsnorm_matmul", "reload"): _lazy_reload_kernel,
     ("lazy_rmsnorm_matmul", "prepass"): _lazy_prepass_kernel,
     ("lazy_rmsnorm_matmul", "rowblock"): _lazy_rowblock_kernel,
+    (LN_OP, "reload"): _lazy_ln_reload_kernel,
+    (LN_OP, "prepass"): _lazy_ln_prepass_kernel,
+    (LN_OP, "rowblock"): _lazy_ln_rowblock_kernel,
 }
 
 
@@ -397,12 +499,19 @@ class TilingConfig(TilingConfigBase):
                                  "tile loop to flatten)")
         for op in OPS:  # cross-field checks (tuple lengths, the reload CSE hazard) raise here, not at launch
             self.to_helion(op)
+        if self.sumsq in LN_SUMSQ_VARIANTS:
+            self.to_helion(LN_OP)
 
     def kernel_key(self, op: str) -> tuple:
         """``(op, formulation)``: which kernel ``op`` runs under this config (``sumsq`` only matters for the
-        fused op)."""
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+        fused ops). ValueError for an unknown op, and for ``sumsq="shared_tile"`` with the LayerNorm op (not
+        offered: ``LN_SUMSQ_VARIANTS``)."""
+        if op not in ALL_OPS:
+            raise ValueError(f"unknown op {op!r}; choices: {', '.join(ALL_OPS)}")
+        if op == LN_OP and self.sumsq not in LN_SUMSQ_VARIANTS:
+            raise ValueError(f"sumsq={self.sumsq!r} is not offered for {LN_OP} (choices: "
+                             f"{', '.join(LN_SUMSQ_VARIANTS)}): the naive shared-tile loop is miscompiled by "
+                             "Triton's pipeliner at num_stages > 1 (triton#6691)")
         return (op, None) if op == "matmul" else (op, self.sumsq)
 
     def to_helion(self, op: str = "lazy_rmsnorm_matmul") -> helion.Config:
@@ -439,6 +548,7 @@ class TilingConfig(TilingConfigBase):
         else:
             raise ValueError(f"indexing tuple has {len(ix)} entries; need 3 (a, b, out) or, for sumsq={self.sumsq!r}, "
                              f"{len(MEMORY_OPS[fused])} in Helion's program order {MEMORY_OPS[fused]}")
+        by_name.update({name: "pointer" for name in LN_POINTER_OPS})  # LayerNorm's extra loads
         evict = self.sumsq_eviction
         if evict == "auto":
             evict = "first" if self.sumsq == "reload" else "last"
@@ -550,11 +660,27 @@ def _check_tma_alignment(*tensors: torch.Tensor) -> None:
                              "(pass a fresh contiguous tensor, not an offset view)")
 
 
-def _run(op: str, a: torch.Tensor, b: torch.Tensor, eps: float | None, config) -> torch.Tensor:
+def _kernel_args(op: str, a, b, eps, vectors=(None, None), *, fill_vectors: bool = False):
+    """Validate the inputs of ``op``; return ``((M, N, K), args)`` with ``args`` in the kernel's order:
+    ``(a, b)``, ``(a, b, eps)`` or, for the LayerNorm op, ``(a, b, colsum, beta_b, eps)``. ``fill_vectors``:
+    missing LayerNorm vectors become empty fp32 ``[N]`` tensors (code generation / compile-only)."""
+    if op == "matmul":
+        return check_inputs(a, b, None), (a, b)
     M, N, K = check_inputs(a, b, eps)
+    if op != LN_OP:
+        return (M, N, K), (a, b, eps)
+    colsum, beta_b = vectors
+    if fill_vectors:
+        colsum = torch.empty(N, dtype=torch.float32, device=a.device) if colsum is None else colsum
+        beta_b = torch.empty(N, dtype=torch.float32, device=a.device) if beta_b is None else beta_b
+    check_layernorm_vectors(colsum, beta_b, N, a.device)
+    return (M, N, K), (a, b, colsum, beta_b, eps)
+
+
+def _run(op: str, a: torch.Tensor, b: torch.Tensor, eps: float | None, config, vectors=(None, None)) -> torch.Tensor:
+    (M, N, K), args = _kernel_args(op, a, b, eps, vectors)
     cfg = _as_config(config)
     key = cfg.kernel_key(op)
-    args = (a, b) if op == "matmul" else (a, b, eps)
     kernel = _KERNELS[key]
     if ref_mode():
         return kernel(*args)  # eager PyTorch on whole tensors: the config does not apply
@@ -616,6 +742,34 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
     return _run("lazy_rmsnorm_matmul", a, b_folded, _check_eps(eps), config)
 
 
+def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor, *,
+                          eps: float = 1e-5, config=None) -> torch.Tensor:
+    """Fused Lazy Pre-Norm for LayerNorm: ``C = rstd ⊙ (a @ b_folded) - (rstd * mean) ⊗ colsum + beta_b``, in
+    ``a.dtype``. Equals ``(LN(a) * gamma + beta) @ b`` for ``b_folded = diag(gamma) @ b``,
+    ``colsum = b_folded.float().sum(0)``, ``beta_b = beta @ b`` (fp32; ``normfuse.techniques.lazy_prenorm``'s
+    ``fold_gamma`` / ``layernorm_vectors``, computed once outside timing).
+
+    Statistics: per row, fp32 shifted sums ``S1 = sum (a - c)``, ``S2 = sum (a - c)^2`` with ``c = a[:, 0]``
+    (shifted one-pass variance), taken by the ``config.sumsq`` formulation (``"reload"``, ``"prepass"``,
+    ``"rowblock"``; ``"shared_tile"`` raises ValueError for this op); ``mean = c + S1/K``,
+    ``var = max(S2/K - (S1/K)^2, 0)``, ``rstd = rsqrt(var + eps)``. The shift, ``colsum`` and ``beta_b`` are
+    pointer loads whatever ``config.indexing`` says.
+
+    ``a [M, K]``, ``b_folded [K, N]``: as in ``lazy_rmsnorm_matmul``. ``colsum``, ``beta_b``: fp32 ``[N]``,
+    contiguous, on ``a``'s device. ``eps`` > 0 (default 1e-5, ``torch.nn.LayerNorm``'s). ``config`` as for
+    ``matmul``; under ref mode it is validated and ignored.
+
+    Raises TypeError/ValueError as ``lazy_rmsnorm_matmul``, plus TypeError for non-tensor or non-fp32 vectors and
+    ValueError for their shape, layout or device, and for ``sumsq="shared_tile"``.
+
+    Source: the PyTorch blog "Towards Free Normalization" (the RMSNorm form; the LayerNorm extension is ours,
+    docs techniques.md section 5),
+    https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+    shifted one-pass variance: Chan, Golub & LeVeque, "Algorithms for computing the sample variance" (1983).
+    """
+    return _run(LN_OP, a, b_folded, _check_eps(eps), config, (colsum, beta_b))
+
+
 @contextlib.contextmanager
 def _live_args(bound, args: tuple):
     """Generate code against *these* arguments.
@@ -670,32 +824,34 @@ def _codegen_env(a: torch.Tensor):
     return _as_on_h200() if a.device.type == "cpu" else contextlib.nullcontext()
 
 
-def _bound(op: str, a: torch.Tensor, b: torch.Tensor, eps: float, config):
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
-    check_inputs(a, b, eps if op != "matmul" else None)
+def _bound(op: str, a: torch.Tensor, b: torch.Tensor, eps: float, config, vectors=(None, None)):
+    if op not in ALL_OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(ALL_OPS)}")
+    _, args = _kernel_args(op, a, b, _check_eps(eps) if op != "matmul" else None, vectors, fill_vectors=True)
     cfg = _as_config(config)
     key = cfg.kernel_key(op)
-    args = (a, b) if op == "matmul" else (a, b, _check_eps(eps))
     if ref_mode():
         raise RuntimeError("code generation is unavailable in Helion ref mode (unset HELION_INTERPRET)")
     return _KERNELS[key].bind(args), cfg.to_helion(op), args
 
 
-def triton_code(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None) -> str:
+def triton_code(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor | None = None,
+                beta_b: torch.Tensor | None = None, *, eps: float = 1e-6, config=None) -> str:
     """The Triton source Helion generates for ``op`` at ``config`` for the shapes/dtypes of ``a``, ``b`` (CPU
-    tensors are fine; nothing is compiled). Raises like ``compile_sm90``."""
-    bound, hcfg, args = _bound(op, a, b, eps, config)
+    tensors are fine; nothing is compiled; the LayerNorm vectors default to empty fp32 ``[N]``). Raises like
+    ``compile_sm90``."""
+    bound, hcfg, args = _bound(op, a, b, eps, config, (colsum, beta_b))
     with _live_args(bound, args), _codegen_env(a):
         return bound.to_triton_code(hcfg)
 
 
-def compile_sm90_kernel(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None):
+def compile_sm90_kernel(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor | None = None,
+                        beta_b: torch.Tensor | None = None, *, eps: float = 1e-6, config=None):
     """Like ``compile_sm90`` but returns Triton's ``CompiledKernel`` itself (``.asm["ttgir"]``, ``.asm["ptx"]``,
     ``.metadata``) for inspection, e.g. of how many shared-memory slots the pipeliner gave each operand."""
     from normfuse.compile_only import WarmupLauncher
 
-    bound, hcfg, args = _bound(op, a, b, eps, config)
+    bound, hcfg, args = _bound(op, a, b, eps, config, (colsum, beta_b))
     launcher = WarmupLauncher()
     with _live_args(bound, args), _codegen_env(a):
         bound.compile_config(hcfg)(*args, _launcher=launcher)
@@ -704,11 +860,14 @@ def compile_sm90_kernel(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float
     return launcher.last
 
 
-def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None) -> dict:
-    """Compile ``op`` (``"matmul"`` or ``"lazy_rmsnorm_matmul"``) for sm_90 without launching it.
+def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor | None = None,
+                 beta_b: torch.Tensor | None = None, *, eps: float = 1e-6, config=None) -> dict:
+    """Compile ``op`` (``"matmul"``, ``"lazy_rmsnorm_matmul"`` or ``"lazy_layernorm_matmul"``) for sm_90 without
+    launching it.
 
     The caller must already have run ``normfuse.compile_only.install(90)``. ``a [M, K]``, ``b [K, N]``: CPU tensors
-    (``torch.empty`` is fine; only shape, dtype and alignment matter), validated by ``check_inputs``. Binds the
+    (``torch.empty`` is fine; only shape, dtype and alignment matter), validated by ``check_inputs``; ``colsum``,
+    ``beta_b``: the LayerNorm op's fp32 ``[N]`` vectors (None: empty ones). Binds the
     kernel, compiles ``TilingConfig.from_dict(config).to_helion(op)`` with ``BoundKernel.compile_config`` and
     calls it with a ``normfuse.compile_only.WarmupLauncher``, which compiles the Triton kernel to PTX/cubin and
     never launches. For CPU tensors ``helion.runtime.get_num_sm`` is pinned to 132 (H200) during the call, so
@@ -722,7 +881,7 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     """
     from normfuse.compile_only import summarize
 
-    return summarize(compile_sm90_kernel(op, a, b, eps=eps, config=config))
+    return summarize(compile_sm90_kernel(op, a, b, colsum, beta_b, eps=eps, config=config))
 
 
 def ptxas_usage(compiled) -> dict:

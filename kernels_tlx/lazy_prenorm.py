@@ -92,6 +92,8 @@ REGISTER_FILE = 65536  # 32-bit registers per SM (and per CTA at most)
 H200_NUM_SMS = 132  # used for the persistent grid when compiling without a GPU
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 OPS = ("matmul", "lazy_rmsnorm_matmul")
+LN_OP = "lazy_layernorm_matmul"
+ALL_OPS = OPS + (LN_OP,)
 _PRODUCER_WARPS = 4  # the "default" task (TMA producer) uses the kernel's num_warps
 _MIN_PRODUCER_REGS = 24  # setmaxnreg lower bound
 
@@ -202,13 +204,14 @@ class TilingConfig(TilingConfigBase):
         """Warps per CTA: 4 (producer) + 4 per consumer."""
         return _PRODUCER_WARPS + 4 * self.NUM_CONSUMERS
 
-    def smem_bytes(self, itemsize: int = 2) -> int:
+    def smem_bytes(self, itemsize: int = 2, layernorm: bool = False) -> int:
         """Estimated shared memory per CTA in bytes: the (A, B) ring, one epilogue staging tile per consumer
-        (half a tile with EPILOGUE_SUBTILE), the rstd buffers, the mbarriers and 1 KB of alignment slack.
-        Checked against the compiler's ``metadata.shared`` in tests/tlx."""
+        (half a tile with EPILOGUE_SUBTILE), the rstd buffers (and, with ``layernorm``, the rstd * mean buffers),
+        the mbarriers and 1 KB of alignment slack. Checked against the compiler's ``metadata.shared`` in
+        tests/tlx."""
         ring = self.NUM_STAGES * (self.BLOCK_M * self.BLOCK_K + self.BLOCK_K * self.BLOCK_N) * itemsize
         epilogue = self.BLOCK_M * (self.BLOCK_N // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
-        misc = self.BLOCK_M * 4 + 2 * self.NUM_STAGES * 8 + 1024
+        misc = self.BLOCK_M * 4 * (2 if layernorm else 1) + 2 * self.NUM_STAGES * 8 + 1024
         return ring + epilogue + misc
 
 
@@ -280,6 +283,65 @@ def _starts_row_run(tile_id, first_tile, pid_n):
 
 
 @triton.jit
+def _ln_tile_stats(a_tile, shift, off_k, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """LayerNorm: ``(sum y, sum y^2)`` per row of one shared-memory A slice, ``y = a - shift`` in fp32, the K
+    padding (TMA zero fill) masked to 0 unless ``EVEN_K``."""
+    y = tlx.local_load(a_tile).to(tl.float32) - shift[:, None]
+    if not EVEN_K:
+        y = tl.where(((off_k + tl.arange(0, BLOCK_K)) < K)[None, :], y, 0.0)
+    return tl.sum(y, axis=1), tl.sum(y * y, axis=1)
+
+
+@triton.jit
+def _ln_store_scales(rstd_buf, rm_buf, s1, s2, shift, K, eps):
+    """LayerNorm epilogue scalars from the shifted sums, into the consumer's shared buffers: ``d = s1/K``,
+    ``rstd = rsqrt(max(s2/K - d^2, 0) + eps)`` and ``rstd * (shift + d)`` (= rstd * mean)."""
+    d = s1 / K
+    rstd = tl.math.rsqrt(tl.maximum(s2 / K - d * d, 0.0) + eps)
+    tlx.local_store(rstd_buf, rstd)
+    tlx.local_store(rm_buf, rstd * (shift + d))
+
+
+@triton.jit
+def _ln_correct(acc, rm_rows, colsum_ptr, betab_ptr, off_n, N, WIDTH: tl.constexpr):
+    """``acc - (rstd * mean) ⊗ colsum + beta_b`` on one [rows, WIDTH] column chunk starting at column ``off_n``."""
+    cols = off_n + tl.arange(0, WIDTH)
+    cs = tl.load(colsum_ptr + cols, mask=cols < N, other=0.0)
+    bb = tl.load(betab_ptr + cols, mask=cols < N, other=0.0)
+    return acc - rm_rows[:, None] * cs[None, :] + bb[None, :]
+
+
+@triton.jit
+def _ln_correct_halves(acc, rm_rows, colsum_ptr, betab_ptr, off_n, N, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """``_ln_correct`` on the two column halves of a [ROWS, WIDTH] chunk (a register-only split)."""
+    lo, hi = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, WIDTH // 2)), (0, 2, 1)))
+    lo = _ln_correct(lo, rm_rows, colsum_ptr, betab_ptr, off_n, N, WIDTH // 2)
+    hi = _ln_correct(hi, rm_rows, colsum_ptr, betab_ptr, off_n + WIDTH // 2, N, WIDTH // 2)
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (ROWS, WIDTH))
+
+
+@triton.jit
+def _ln_epilogue(acc, rstd_rows, rm_rows, colsum_ptr, betab_ptr, off_n, N, BM_C: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """``rstd * acc - (rstd * mean) ⊗ colsum + beta_b`` on one consumer's [BM_C, BLOCK_N] accumulator, in column
+    chunks of at most 64 (register-only splits, as for the EPILOGUE_SUBTILE store). Broadcasting whole-tile
+    [BLOCK_N] vectors made the compiler convert the fp32 accumulator to the vectors' layout through shared memory
+    (64 ``ldmatrix`` and 64 KB of scratch at BLOCK_N = 256); 128-wide halves still cost 64 ``ld.shared.v4`` per
+    thread to convert the vectors; 64-wide chunks need no shared-memory round trip at all (sm_90 PTX)."""
+    acc = acc * rstd_rows[:, None]
+    if BLOCK_N > 128:
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, (BM_C, 2, BLOCK_N // 2)), (0, 2, 1)))
+        lo = _ln_correct_halves(lo, rm_rows, colsum_ptr, betab_ptr, off_n, N, BM_C, BLOCK_N // 2)
+        hi = _ln_correct_halves(hi, rm_rows, colsum_ptr, betab_ptr, off_n + BLOCK_N // 2, N, BM_C, BLOCK_N // 2)
+        acc = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BM_C, BLOCK_N))
+    elif BLOCK_N > 64:
+        acc = _ln_correct_halves(acc, rm_rows, colsum_ptr, betab_ptr, off_n, N, BM_C, BLOCK_N)
+    else:
+        acc = _ln_correct(acc, rm_rows, colsum_ptr, betab_ptr, off_n, N, BLOCK_N)
+    return acc
+
+
+@triton.jit
 def _lazy_prenorm_ws_kernel(
     a_desc,  # TMA descriptor of A [M, K], block [BLOCK_M // NUM_CONSUMERS, BLOCK_K]
     b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
@@ -298,6 +360,11 @@ def _lazy_prenorm_ws_kernel(
     EPILOGUE_SUBTILE: tl.constexpr,
     REUSE_RSTD: tl.constexpr,
     FUSE_RMSNORM: tl.constexpr,
+    a_ptr=None,  # LAYERNORM: A [M, K] itself, for the per-row shift A[:, 0]
+    colsum_ptr=None,  # LAYERNORM: fp32 [N] column sums of B_folded
+    betab_ptr=None,  # LAYERNORM: fp32 [N] beta @ B
+    LAYERNORM: tl.constexpr = False,  # with FUSE_RMSNORM: LayerNorm statistics and the rank-1 epilogue
+    EVEN_K: tl.constexpr = True,  # K % BLOCK_K == 0: no K-padding mask on the LayerNorm statistics
 ):
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup
     STAGE_BYTES: tl.constexpr = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(tlx.dtype_of(a_desc))
@@ -310,6 +377,8 @@ def _lazy_prenorm_ws_kernel(
     # Per-consumer rstd staging: a shared-memory round trip lets the compiler read rstd back directly in the
     # accumulator's row layout (otherwise it converts the whole fp32 accumulator to the norm's layout).
     rstd_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS)
+    if LAYERNORM:  # and rstd * mean, the same way
+        rm_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS)
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- producer: TMA loads
@@ -357,6 +426,12 @@ def _lazy_prenorm_ws_kernel(
                 off_n = pid_n * BLOCK_N
                 acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
                 ss = tl.zeros([BM_C], dtype=tl.float32)
+                if LAYERNORM:
+                    # per-row shift = the first element of each row of this consumer's A slice (the slice starts at
+                    # the producer's clamped row; rows past M read 0, matching TMA's zero fill)
+                    srows = tl.minimum(off_cm, M - 1) + tl.arange(0, BM_C)
+                    shift = tl.load(a_ptr + srows.to(tl.int64) * K, mask=srows < M, other=0.0).to(tl.float32)
+                    s1 = tl.zeros([BM_C], dtype=tl.float32)
                 s_prev = 0
                 for ki in range(0, k_tiles):
                     s = it % NUM_STAGES
@@ -366,7 +441,17 @@ def _lazy_prenorm_ws_kernel(
                     acc = tlx.async_dot(a_tile, b_bufs[s], acc)
                     if FUSE_RMSNORM:
                         # Runs while the wgmma above is in flight; TMA zero-fills out-of-bounds K columns.
-                        if REUSE_RSTD:
+                        if LAYERNORM:  # shifted sums of y = a - shift (K padding masked: it would add -shift)
+                            if REUSE_RSTD:
+                                if new_row:  # later N-tiles of this M-tile reuse the stored rstd, rstd * mean
+                                    p1, p2 = _ln_tile_stats(a_tile, shift, ki * BLOCK_K, K, BLOCK_K, EVEN_K)
+                                    s1 += p1
+                                    ss += p2
+                            else:
+                                p1, p2 = _ln_tile_stats(a_tile, shift, ki * BLOCK_K, K, BLOCK_K, EVEN_K)
+                                s1 += p1
+                                ss += p2
+                        elif REUSE_RSTD:
                             if new_row:  # later N-tiles of this M-tile reuse the stored rstd
                                 x = tlx.local_load(a_tile).to(tl.float32)
                                 ss += tl.sum(x * x, axis=1)
@@ -381,7 +466,17 @@ def _lazy_prenorm_ws_kernel(
                 acc = tlx.async_dot_wait(0, acc)
                 tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
 
-                if FUSE_RMSNORM:
+                if LAYERNORM:
+                    rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD they outlive the tile
+                    rm_buf = rm_bufs[cid]
+                    if REUSE_RSTD:
+                        if new_row:  # else: this M-tile's values, stored by this consumer at an earlier tile
+                            _ln_store_scales(rstd_buf, rm_buf, s1, ss, shift, K, eps)
+                    else:
+                        _ln_store_scales(rstd_buf, rm_buf, s1, ss, shift, K, eps)
+                    acc = _ln_epilogue(acc, tlx.local_load(rstd_buf), tlx.local_load(rm_buf), colsum_ptr, betab_ptr,
+                                       off_n, N, BM_C, BLOCK_N)
+                elif FUSE_RMSNORM:
                     rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD it outlives the tile
                     if REUSE_RSTD:
                         if new_row:  # else: rstd of this M-tile, stored by this consumer at an earlier tile
@@ -430,7 +525,20 @@ def _validate(a, b, eps, fuse: bool, *, need_cuda: bool) -> tuple[int, int, int]
     return M, N, K
 
 
-def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int):
+def _validate_ln(a, b, colsum, beta_b, eps, cfg: TilingConfig, *, need_cuda: bool) -> tuple[int, int, int]:
+    """``_validate`` for the LayerNorm op, plus its fp32 ``[N]`` vectors and the config's shared memory with
+    the extra rstd * mean buffers. Raises TypeError/ValueError."""
+    M, N, K = _validate(a, b, eps, True, need_cuda=need_cuda)
+    _spec.check_layernorm_vectors(colsum, beta_b, N, a.device)
+    if cfg.smem_bytes(a.element_size(), layernorm=True) > SMEM_LIMIT_BYTES:
+        raise ValueError(f"shared memory: estimated {cfg.smem_bytes(a.element_size(), layernorm=True)} B > "
+                         f"{SMEM_LIMIT_BYTES} B for {LN_OP} (its rstd * mean buffers add BLOCK_M * 4 B)")
+    return M, N, K
+
+
+def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int, ln_vectors=None):
+    """Descriptors, grid and launch keywords. ``ln_vectors``: ``(colsum, beta_b)`` for the LayerNorm op (with
+    ``fuse``), else None (the RMSNorm kernel and the GEMM keep their launch arguments)."""
     M, K = a.shape
     N = b.shape[1]
     bm_c = cfg.rows_per_consumer
@@ -455,14 +563,20 @@ def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int):
         num_warps=_PRODUCER_WARPS,  # the default (producer) task; consumers add 4 warps each
         num_stages=1,  # no compiler pipelining: the ring above is explicit
     )
+    if ln_vectors is not None:
+        colsum, beta_b = ln_vectors
+        kwargs.update(a_ptr=a, colsum_ptr=colsum, betab_ptr=beta_b, LAYERNORM=True, EVEN_K=K % cfg.BLOCK_K == 0)
     return args, grid, kwargs
 
 
-def _run(a, b, eps, fuse: bool, config) -> torch.Tensor:
+def _run(a, b, eps, fuse: bool, config, ln_vectors=None) -> torch.Tensor:
     cfg = TilingConfig.from_dict(config)
-    M, N, K = _validate(a, b, eps, fuse, need_cuda=True)
+    if ln_vectors is not None:
+        M, N, K = _validate_ln(a, b, *ln_vectors, eps, cfg, need_cuda=True)
+    else:
+        M, N, K = _validate(a, b, eps, fuse, need_cuda=True)
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, _num_sms(a.device))
+    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, _num_sms(a.device), ln_vectors)
     _lazy_prenorm_ws_kernel[grid](*args, **kwargs)
     return c
 
@@ -518,6 +632,43 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
     return _run(a, b_folded, eps, True, config)
 
 
+def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor, *,
+                          eps: float = 1e-5, config=None) -> torch.Tensor:
+    """Lazy Pre-Norm for LayerNorm: ``C = rstd ⊙ (a @ b_folded) - (rstd * mean) ⊗ colsum + beta_b`` in one kernel.
+
+    Equals ``(LN(a) * gamma + beta) @ b`` when ``b_folded = diag(gamma) @ b``, ``colsum = b_folded.float().sum(0)``
+    and ``beta_b = beta @ b`` in fp32 (``normfuse.techniques.lazy_prenorm.fold_gamma`` / ``layernorm_vectors``,
+    computed once outside timing). The consumer warpgroups accumulate, from the shared-memory A tiles while their
+    wgmma runs, the fp32 shifted sums ``S1 = sum (a - c)`` and ``S2 = sum (a - c)^2`` per row, ``c = a[:, 0]``
+    (loaded from global memory at the start of each tile); the epilogue forms ``mean = c + S1/K``,
+    ``rstd = rsqrt(max(S2/K - (S1/K)^2, 0) + eps)``, stages ``rstd`` and ``rstd * mean`` through the consumer's
+    shared buffers (as the RMSNorm kernel does with rstd) and applies the rank-1 correction with the ``colsum`` /
+    ``beta_b`` tiles. REUSE_RSTD configs compute the statistics once per M-tile run, as for RMSNorm.
+
+    Args:
+        a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA (K multiple of 8).
+        b_folded: ``[K, N]`` same dtype and device, row-major contiguous (N multiple of 8).
+        colsum, beta_b: fp32 ``[N]``, contiguous, on the same device.
+        eps: added to the variance inside the rsqrt (finite, > 0). Default 1e-5 (``torch.nn.LayerNorm``'s).
+        config: ``TilingConfig``, a dict of overrides, or None for ``DEFAULT_CONFIG``.
+
+    Returns:
+        ``C [M, N]`` in ``a.dtype``.
+
+    Raises:
+        TypeError: non-tensors, mixed dtypes, a dtype other than bf16/fp16, or non-fp32 ``colsum``/``beta_b``.
+        ValueError: as ``lazy_rmsnorm_matmul``, plus a wrong shape, layout or device of ``colsum``/``beta_b``
+            and a config whose shared memory with the two statistic buffers exceeds 227 KB.
+
+    Sources: the PyTorch blog "Towards Free Normalization" (RMSNorm form; the LayerNorm extension is ours, docs
+    techniques.md section 5),
+    https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+    shifted one-pass variance: Chan, Golub & LeVeque, "Algorithms for computing the sample variance" (1983);
+    TLX, https://github.com/facebookexperimental/triton
+    """
+    return _run(a, b_folded, eps, True, config, (colsum, beta_b))
+
+
 def _ptx_extras(ptx: str) -> dict:
     """Extra PTX facts: shared loads issued between a wgmma commit and the next wgmma wait (the sum of
     squares overlapping the MMA), wgmma commits directly followed by a predicated branch (REUSE_RSTD skipping
@@ -553,7 +704,8 @@ def _ptx_extras(ptx: str) -> dict:
     }
 
 
-def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None) -> dict:
+def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor | None = None,
+                 beta_b: torch.Tensor | None = None, *, eps: float = 1e-6, config=None) -> dict:
     """Compile ``op`` for sm_90 without a GPU and summarize the result (never launches).
 
     The caller must already have run ``normfuse.compile_only.install(90)`` in this process (the fake driver is
@@ -561,8 +713,9 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     matter; they are never read); the output is allocated with ``torch.empty`` (untouched).
 
     Args:
-        op: ``"matmul"`` or ``"lazy_rmsnorm_matmul"``.
+        op: ``"matmul"``, ``"lazy_rmsnorm_matmul"`` or ``"lazy_layernorm_matmul"`` (``ALL_OPS``).
         a, b: CPU (or CUDA) bf16/fp16 tensors, validated like the real ops.
+        colsum, beta_b: the LayerNorm op's fp32 ``[N]`` vectors; None allocates empty ones.
         eps: as in ``lazy_rmsnorm_matmul`` (ignored for ``matmul``).
         config: ``TilingConfig``, dict or None.
 
@@ -576,20 +729,29 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     """
     from normfuse.compile_only import summarize
 
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
-    fuse = op == "lazy_rmsnorm_matmul"
+    if op not in ALL_OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(ALL_OPS)}")
+    fuse = op != "matmul"
     cfg = TilingConfig.from_dict(config)
-    M, N, K = _validate(a, b, eps, fuse, need_cuda=False)
+    ln_vectors = None
+    if op == LN_OP:
+        if isinstance(b, torch.Tensor) and b.dim() == 2:
+            n = b.shape[1]
+            colsum = torch.empty(n, dtype=torch.float32, device=a.device) if colsum is None else colsum
+            beta_b = torch.empty(n, dtype=torch.float32, device=a.device) if beta_b is None else beta_b
+        ln_vectors = (colsum, beta_b)
+        M, N, K = _validate_ln(a, b, colsum, beta_b, eps, cfg, need_cuda=False)
+    else:
+        M, N, K = _validate(a, b, eps, fuse, need_cuda=False)
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
     num_sms = _num_sms(a.device) if a.device.type == "cuda" else H200_NUM_SMS
-    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, num_sms)
+    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, num_sms, ln_vectors)
     compiled = _lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kwargs)
     out = summarize(compiled)
     out["ptx_extra"] = _ptx_extras(compiled.asm["ptx"])
     out["grid"] = list(grid)
     out["config"] = cfg.to_dict()
-    out["smem_estimate"] = cfg.smem_bytes(a.element_size())
+    out["smem_estimate"] = cfg.smem_bytes(a.element_size(), layernorm=op == LN_OP)
     return out
 
 
