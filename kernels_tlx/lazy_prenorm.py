@@ -126,6 +126,12 @@ class TilingConfig(TilingConfigBase):
             Meant for a small, L2-resident B (K * N * itemsize of a few MB): at large N the concurrent CTAs
             sweep all of B instead of sharing B column-tiles. Also changes the GEMM's (``matmul``) tile order,
             so fused - gemm still isolates the norm cost. Default False (grouped order, norm on every tile).
+        LN_EPILOGUE_MMA: only ``lazy_layernorm_matmul``: add the rank-1 correction ``-mean ⊗ colsum +
+            (1/rstd) ⊗ beta_b`` to the accumulator with one extra k16 wgmma (register A, the split colsum /
+            beta_b tile as B in a [16, BLOCK_N] shared buffer per consumer, 8 KB at BLOCK_N = 256) -- True, the
+            default -- or broadcast the colsum / beta_b values to the accumulator in registers (False: every
+            thread loads the 2 x BLOCK_N / 4 values of its accumulator columns per tile; at BLOCK_N = 256 that
+            spills 336 bytes per thread in the epilogue).
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -140,6 +146,7 @@ class TilingConfig(TilingConfigBase):
     EPILOGUE_SUBTILE: bool = False
     CONSUMER_REGS: int = 232
     REUSE_RSTD: bool = False
+    LN_EPILOGUE_MMA: bool = True
 
     def __post_init__(self):
         errors = []
@@ -206,12 +213,15 @@ class TilingConfig(TilingConfigBase):
 
     def smem_bytes(self, itemsize: int = 2, layernorm: bool = False) -> int:
         """Estimated shared memory per CTA in bytes: the (A, B) ring, one epilogue staging tile per consumer
-        (half a tile with EPILOGUE_SUBTILE), the rstd buffers (and, with ``layernorm``, the rstd * mean buffers),
-        the mbarriers and 1 KB of alignment slack. Checked against the compiler's ``metadata.shared`` in
-        tests/tlx."""
+        (half a tile with EPILOGUE_SUBTILE), the rstd buffers, the mbarriers and 1 KB of alignment slack; with
+        ``layernorm`` also the ``d`` buffers and (LN_EPILOGUE_MMA) the [16, BLOCK_N] B operands of the epilogue
+        wgmma plus the conversion scratch of its [rows, 16] A operands. Checked against the compiler's ``metadata.shared`` in tests/tlx."""
         ring = self.NUM_STAGES * (self.BLOCK_M * self.BLOCK_K + self.BLOCK_K * self.BLOCK_N) * itemsize
         epilogue = self.BLOCK_M * (self.BLOCK_N // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
-        misc = self.BLOCK_M * 4 * (2 if layernorm else 1) + 2 * self.NUM_STAGES * 8 + 1024
+        misc = self.BLOCK_M * 4 + 2 * self.NUM_STAGES * 8 + 1024
+        if layernorm:  # + the register A operand's trip through shared memory into the wgmma operand layout
+            ext = self.NUM_CONSUMERS * 16 * (self.BLOCK_N + self.rows_per_consumer) * itemsize
+            misc += self.BLOCK_M * 4 + (ext if self.LN_EPILOGUE_MMA else 0)
         return ring + epilogue + misc
 
 
@@ -293,13 +303,56 @@ def _ln_tile_stats(a_tile, shift, off_k, K, BLOCK_K: tl.constexpr, EVEN_K: tl.co
 
 
 @triton.jit
-def _ln_store_scales(rstd_buf, rm_buf, s1, s2, shift, K, eps):
-    """LayerNorm epilogue scalars from the shifted sums, into the consumer's shared buffers: ``d = s1/K``,
-    ``rstd = rsqrt(max(s2/K - d^2, 0) + eps)`` and ``rstd * (shift + d)`` (= rstd * mean)."""
+def _ln_store_scales(rstd_buf, d_buf, s1, s2, K, eps):
+    """LayerNorm statistics from the shifted sums, into the consumer's shared buffers: ``d = s1/K`` (the mean is
+    shift + d) and ``rstd = rsqrt(max(s2/K - d^2, 0) + eps)``."""
     d = s1 / K
-    rstd = tl.math.rsqrt(tl.maximum(s2 / K - d * d, 0.0) + eps)
-    tlx.local_store(rstd_buf, rstd)
-    tlx.local_store(rm_buf, rstd * (shift + d))
+    tlx.local_store(rstd_buf, tl.math.rsqrt(tl.maximum(s2 / K - d * d, 0.0) + eps))
+    tlx.local_store(d_buf, d)
+
+
+@triton.jit
+def _split3(x, DT: tl.constexpr):
+    """fp32 ``x`` as three ``DT`` parts, ``x ~= x1 + x2 + x3`` to about 24 bits for bf16 (each part rounds the
+    remainder of the previous ones, which fp32 holds exactly)."""
+    x1 = x.to(DT)
+    r = x - x1.to(tl.float32)
+    x2 = r.to(DT)
+    x3 = (r - x2.to(tl.float32)).to(DT)
+    return x1, x2, x3
+
+
+@triton.jit
+def _ln_a_ext(shift, d, rstd, DT: tl.constexpr):
+    """The [rows, 16] register A operand of the rank-1 epilogue wgmma (columns: ``-shift`` x3, ``-d1, -d1, -d2``,
+    ``s1, s1, s2``, zeros; ``d = d1 + d2``, ``1/rstd = s1 + s2``); see ``_ln_b_ext``."""
+    d1, d2, _ = _split3(d, DT)
+    s1, s2, _ = _split3(1.0 / rstd, DT)
+    j = tl.arange(0, 16)[None, :]
+    a = tl.where(j < 3, (-shift).to(DT)[:, None], tl.zeros([1, 16], DT))  # -shift: exact (an element of A)
+    a = tl.where((j == 3) | (j == 4), (-d1)[:, None], a)
+    a = tl.where(j == 5, (-d2)[:, None], a)
+    a = tl.where((j == 6) | (j == 7), s1[:, None], a)
+    a = tl.where(j == 8, s2[:, None], a)
+    return a
+
+
+@triton.jit
+def _ln_b_ext(colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr, DT: tl.constexpr):
+    """The [16, BLOCK_N] B operand of the rank-1 epilogue wgmma: rows ``cs1, cs2, cs3, cs1, cs2, cs1, bb1, bb2,
+    bb1`` and zeros, the ``DT`` splits of the colsum / beta_b tile. With ``_ln_a_ext``:
+    ``A_ext @ B_ext = -shift ⊗ colsum - d ⊗ colsum + (1/rstd) ⊗ beta_b`` (to ~24 bits in the shift term, whose
+    cancellation against the accumulator is the large one; ~16 bits in the others)."""
+    cols = off_n + tl.arange(0, BLOCK_N)
+    cs1, cs2, cs3 = _split3(tl.load(colsum_ptr + cols, mask=cols < N, other=0.0), DT)
+    bb1, bb2, _ = _split3(tl.load(betab_ptr + cols, mask=cols < N, other=0.0), DT)
+    j = tl.arange(0, 16)[:, None]
+    b = tl.where((j == 0) | (j == 3) | (j == 5), cs1[None, :], tl.zeros([16, 1], DT))
+    b = tl.where((j == 1) | (j == 4), cs2[None, :], b)
+    b = tl.where(j == 2, cs3[None, :], b)
+    b = tl.where((j == 6) | (j == 8), bb1[None, :], b)
+    b = tl.where(j == 7, bb2[None, :], b)
+    return b
 
 
 @triton.jit
@@ -365,6 +418,7 @@ def _lazy_prenorm_ws_kernel(
     betab_ptr=None,  # LAYERNORM: fp32 [N] beta @ B
     LAYERNORM: tl.constexpr = False,  # with FUSE_RMSNORM: LayerNorm statistics and the rank-1 epilogue
     EVEN_K: tl.constexpr = True,  # K % BLOCK_K == 0: no K-padding mask on the LayerNorm statistics
+    LN_EPILOGUE_MMA: tl.constexpr = True,  # LAYERNORM: rank-1 epilogue by an extra wgmma (else: broadcast)
 ):
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup
     STAGE_BYTES: tl.constexpr = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(tlx.dtype_of(a_desc))
@@ -377,8 +431,10 @@ def _lazy_prenorm_ws_kernel(
     # Per-consumer rstd staging: a shared-memory round trip lets the compiler read rstd back directly in the
     # accumulator's row layout (otherwise it converts the whole fp32 accumulator to the norm's layout).
     rstd_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS)
-    if LAYERNORM:  # and rstd * mean, the same way
-        rm_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS)
+    if LAYERNORM:  # d = mean - shift, the same way; and the B operand of the rank-1 epilogue wgmma
+        d_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS)
+        if LN_EPILOGUE_MMA:
+            bext_bufs = tlx.local_alloc((16, BLOCK_N), tlx.dtype_of(b_desc), NUM_CONSUMERS)
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- producer: TMA loads
@@ -468,14 +524,27 @@ def _lazy_prenorm_ws_kernel(
 
                 if LAYERNORM:
                     rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD they outlive the tile
-                    rm_buf = rm_bufs[cid]
+                    d_buf = d_bufs[cid]
                     if REUSE_RSTD:
                         if new_row:  # else: this M-tile's values, stored by this consumer at an earlier tile
-                            _ln_store_scales(rstd_buf, rm_buf, s1, ss, shift, K, eps)
+                            _ln_store_scales(rstd_buf, d_buf, s1, ss, K, eps)
                     else:
-                        _ln_store_scales(rstd_buf, rm_buf, s1, ss, shift, K, eps)
-                    acc = _ln_epilogue(acc, tlx.local_load(rstd_buf), tlx.local_load(rm_buf), colsum_ptr, betab_ptr,
-                                       off_n, N, BM_C, BLOCK_N)
+                        _ln_store_scales(rstd_buf, d_buf, s1, ss, K, eps)
+                    if LN_EPILOGUE_MMA:
+                        # acc += A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b: one m64 k16 wgmma, A from
+                        # registers, B (the split colsum / beta_b tile) through this consumer's shared buffer
+                        dt: tl.constexpr = tlx.dtype_of(b_desc)
+                        bext_buf = bext_bufs[cid]
+                        a_ext = _ln_a_ext(shift, tlx.local_load(d_buf), tlx.local_load(rstd_buf), dt)
+                        tlx.local_store(bext_buf, _ln_b_ext(colsum_ptr, betab_ptr, off_n, N, BLOCK_N, dt))
+                        tlx.fence("async_shared")  # generic-proxy stores -> the wgmma's async-proxy reads
+                        acc = tlx.async_dot(a_ext, bext_buf, acc)
+                        acc = tlx.async_dot_wait(0, acc)
+                        acc = acc * tlx.local_load(rstd_buf)[:, None]
+                    else:
+                        rstd_rows = tlx.local_load(rstd_buf)
+                        rm_rows = rstd_rows * (shift + tlx.local_load(d_buf))
+                        acc = _ln_epilogue(acc, rstd_rows, rm_rows, colsum_ptr, betab_ptr, off_n, N, BM_C, BLOCK_N)
                 elif FUSE_RMSNORM:
                     rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD it outlives the tile
                     if REUSE_RSTD:
@@ -532,7 +601,8 @@ def _validate_ln(a, b, colsum, beta_b, eps, cfg: TilingConfig, *, need_cuda: boo
     _spec.check_layernorm_vectors(colsum, beta_b, N, a.device)
     if cfg.smem_bytes(a.element_size(), layernorm=True) > SMEM_LIMIT_BYTES:
         raise ValueError(f"shared memory: estimated {cfg.smem_bytes(a.element_size(), layernorm=True)} B > "
-                         f"{SMEM_LIMIT_BYTES} B for {LN_OP} (its rstd * mean buffers add BLOCK_M * 4 B)")
+                         f"{SMEM_LIMIT_BYTES} B for {LN_OP} (its d buffers add BLOCK_M * 4 B, and with "
+                         f"LN_EPILOGUE_MMA the epilogue wgmma's B operands NUM_CONSUMERS * 16 * BLOCK_N elements)")
     return M, N, K
 
 
@@ -565,7 +635,8 @@ def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int, ln_v
     )
     if ln_vectors is not None:
         colsum, beta_b = ln_vectors
-        kwargs.update(a_ptr=a, colsum_ptr=colsum, betab_ptr=beta_b, LAYERNORM=True, EVEN_K=K % cfg.BLOCK_K == 0)
+        kwargs.update(a_ptr=a, colsum_ptr=colsum, betab_ptr=beta_b, LAYERNORM=True, EVEN_K=K % cfg.BLOCK_K == 0,
+                      LN_EPILOGUE_MMA=cfg.LN_EPILOGUE_MMA)
     return args, grid, kwargs
 
 

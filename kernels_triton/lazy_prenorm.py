@@ -299,22 +299,78 @@ def _tile_ln_stats_reload(a_rows_ptr, row_ok, c, k0, K, BLOCK_K: tl.constexpr, E
 
 
 @triton.jit
-def _ln_row_scales(s1, s2, c, K, eps):
-    """LayerNorm epilogue scalars per row from the shifted sums: ``d = s1/K``, ``mean = c + d``,
-    ``var = max(s2/K - d^2, 0)``; returns ``(rstd, rstd * mean)``."""
+def _ln_row_scales(s1, s2, K, eps):
+    """LayerNorm statistics per row from the shifted sums: ``d = s1/K`` (mean = shift + d) and
+    ``rstd = rsqrt(max(s2/K - d^2, 0) + eps)``; returns ``(rstd, d)``."""
     d = s1 / K
     var = tl.maximum(s2 / K - d * d, 0.0)
-    rstd = tl.math.rsqrt(var + eps)  # not libdevice: it returns None in the interpreter
-    return rstd, rstd * (c + d)
+    return tl.math.rsqrt(var + eps), d  # not libdevice: it returns None in the interpreter
 
 
 @triton.jit
-def _ln_apply(acc, rstd, rm, colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr):
-    """``rstd * acc - (rstd * mean) ⊗ colsum + beta_b`` on one [BLOCK_M, BLOCK_N] fp32 accumulator tile."""
+def _split3(x, DT: tl.constexpr):
+    """fp32 ``x`` as three ``DT`` parts, ``x ~= x1 + x2 + x3`` to about 24 bits for bf16 (each part rounds the
+    remainder of the previous ones, which fp32 holds exactly)."""
+    x1 = x.to(DT)
+    r = x - x1.to(tl.float32)
+    x2 = r.to(DT)
+    x3 = (r - x2.to(tl.float32)).to(DT)
+    return x1, x2, x3
+
+
+@triton.jit
+def _ln_a_ext(shift, d, rstd, DT: tl.constexpr):
+    """The [rows, 16] A operand of the rank-1 epilogue MMA (columns: ``-shift`` x3, ``-d1, -d1, -d2``,
+    ``s1, s1, s2``, zeros; ``d = d1 + d2``, ``1/rstd = s1 + s2``); see ``_ln_b_ext``."""
+    d1, d2, _ = _split3(d, DT)
+    s1, s2, _ = _split3(1.0 / rstd, DT)
+    j = tl.arange(0, 16)[None, :]
+    a = tl.where(j < 3, (-shift).to(DT)[:, None], tl.zeros([1, 16], DT))  # -shift: exact (an element of A)
+    a = tl.where((j == 3) | (j == 4), (-d1)[:, None], a)
+    a = tl.where(j == 5, (-d2)[:, None], a)
+    a = tl.where((j == 6) | (j == 7), s1[:, None], a)
+    a = tl.where(j == 8, s2[:, None], a)
+    return a
+
+
+@triton.jit
+def _ln_b_ext(colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr, DT: tl.constexpr):
+    """The [16, BLOCK_N] B operand of the rank-1 epilogue MMA: rows ``cs1, cs2, cs3, cs1, cs2, cs1, bb1, bb2, bb1``
+    and zeros, the ``DT`` splits of the colsum / beta_b tile. With ``_ln_a_ext``:
+    ``A_ext @ B_ext = -shift ⊗ colsum - d ⊗ colsum + (1/rstd) ⊗ beta_b`` (to ~24 bits in the shift term, whose
+    cancellation against ``acc`` is the large one, ~16 bits in the others)."""
+    cols = off_n + tl.arange(0, BLOCK_N)
+    cs1, cs2, cs3 = _split3(tl.load(colsum_ptr + cols, mask=cols < N, other=0.0), DT)
+    bb1, bb2, _ = _split3(tl.load(betab_ptr + cols, mask=cols < N, other=0.0), DT)
+    j = tl.arange(0, 16)[:, None]
+    b = tl.where((j == 0) | (j == 3) | (j == 5), cs1[None, :], tl.zeros([16, 1], DT))
+    b = tl.where((j == 1) | (j == 4), cs2[None, :], b)
+    b = tl.where(j == 2, cs3[None, :], b)
+    b = tl.where((j == 6) | (j == 8), bb1[None, :], b)
+    b = tl.where(j == 7, bb2[None, :], b)
+    return b
+
+
+@triton.jit
+def _ln_apply(acc, rstd, a_ext, colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """LayerNorm epilogue on one [BLOCK_M, BLOCK_N] fp32 accumulator tile:
+    ``rstd * (acc - mean ⊗ colsum + (1/rstd) ⊗ beta_b) = rstd * acc - (rstd * mean) ⊗ colsum + beta_b``, with the
+    rank-1 terms added by one extra K=16 MMA (``a_ext`` from ``_ln_a_ext``, B from ``_ln_b_ext``) so that no thread
+    has to hold its accumulator columns' colsum / beta_b values (64 of each per thread at BLOCK_N=256)."""
+    b_ext = _ln_b_ext(colsum_ptr, betab_ptr, off_n, N, BLOCK_N, a_ext.dtype)
+    acc = tl.dot(a_ext, b_ext, acc, input_precision=DOT_PRECISION)
+    return acc * rstd[:, None]
+
+
+@triton.jit
+def _ln_apply_broadcast(acc, rstd, d, shift, colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr):
+    """The same epilogue with the colsum / beta_b tiles broadcast to the accumulator in registers (every thread
+    loads the values of its accumulator columns): ``rstd * acc - (rstd * mean) ⊗ colsum + beta_b``."""
     cols = off_n + tl.arange(0, BLOCK_N)
     cs = tl.load(colsum_ptr + cols, mask=cols < N, other=0.0)
     bb = tl.load(betab_ptr + cols, mask=cols < N, other=0.0)
-    return acc * rstd[:, None] - rm[:, None] * cs[None, :] + bb[None, :]
+    return acc * rstd[:, None] - (rstd * (shift + d))[:, None] * cs[None, :] + bb[None, :]
 
 
 @triton.jit
@@ -358,8 +414,9 @@ def _lazy_rmsnorm_matmul_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
 
     if LN:
         s1 += s1_loop
-        rstd, rm = _ln_row_scales(s1, ss, shift, K, eps)
-        acc = _ln_apply(acc, rstd, rm, colsum_ptr, betab_ptr, off_n, N, BLOCK_N)
+        rstd, d = _ln_row_scales(s1, ss, K, eps)
+        a_ext = _ln_a_ext(shift, d, rstd, a_desc.dtype)
+        acc = _ln_apply(acc, rstd, a_ext, colsum_ptr, betab_ptr, off_n, N, BLOCK_N, DOT_PRECISION)
     else:
         rstd = tl.math.rsqrt(ss / K + eps)  # not libdevice: it returns None in the interpreter
         acc = acc * rstd[:, None]
@@ -446,13 +503,14 @@ def _rowblock_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
         acc, ss, s1 = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, 0, K,
                               BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, SUMSQ, shift, LN, EVEN_K)
     if LN:
-        rstd, rm = _ln_row_scales(s1, ss, shift, K, eps)
+        rstd, d = _ln_row_scales(s1, ss, K, eps)
+        a_ext = _ln_a_ext(shift, d, rstd, a_desc.dtype)  # once per row block
     else:
         rstd = tl.math.rsqrt(ss / K + eps)  # unused (and removed) when SUMSQ == "none"
-        rm = rstd  # unused
     if PEEL:
         if LN:
-            c_desc.store([off_m, 0], _ln_apply(acc, rstd, rm, colsum_ptr, betab_ptr, 0, N, BLOCK_N).to(c_desc.dtype))
+            acc = _ln_apply(acc, rstd, a_ext, colsum_ptr, betab_ptr, 0, N, BLOCK_N, DOT_PRECISION)
+            c_desc.store([off_m, 0], acc.to(c_desc.dtype))
         else:
             c_desc.store([off_m, 0], (acc * rstd[:, None]).to(c_desc.dtype))
 
@@ -462,7 +520,10 @@ def _rowblock_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
                             BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, "none", shift, LN, EVEN_K)
         if SUMSQ != "none":
             if LN:
-                acc = _ln_apply(acc, rstd, rm, colsum_ptr, betab_ptr, off_n, N, BLOCK_N)
+                if FLATTEN:
+                    acc = _ln_apply_broadcast(acc, rstd, d, shift, colsum_ptr, betab_ptr, off_n, N, BLOCK_N)
+                else:
+                    acc = _ln_apply(acc, rstd, a_ext, colsum_ptr, betab_ptr, off_n, N, BLOCK_N, DOT_PRECISION)
             else:
                 acc = acc * rstd[:, None]
         c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
