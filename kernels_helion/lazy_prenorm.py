@@ -1,4 +1,5 @@
-r"""Helion kernels for the Lazy Pre-Norm technique (RMSNorm -> GEMM) and the plain GEMM it is compared against.
+r"""Helion kernels for the Lazy Pre-Norm technique (RMSNorm or LayerNorm -> GEMM) and the plain GEMM it is compared
+against.
 
 ``lazy_rmsnorm_matmul(a, b_folded)`` computes ``C = rsqrt(mean(a^2, -1) + eps)[:, None] * (a @ b_folded)``:
 gamma has been folded into ``b_folded`` beforehand (``normfuse.techniques.lazy_prenorm.fold_gamma``); the kernel
@@ -64,6 +65,20 @@ ones stay correct when pipelined:
   - one program per row block runs the statistic phase serially before its first MMA. With BLOCK_M x BLOCK_N
     = 128x128, ``num_stages=3`` and ``epilogue_subtile=2`` a program needs 114712 B of shared memory and ~90
     registers, so two programs share an SM and one's statistic phase overlaps the other's MMAs.
+
+**LayerNorm** (``lazy_layernorm_matmul``; math in ``normfuse.techniques.lazy_prenorm``):
+``C = rstd ⊙ (A @ b_folded) - (rstd * mean) ⊗ colsum + beta_b``, written as three more kernels that mirror
+``"reload"``, ``"prepass"`` and ``"rowblock"`` (``"shared_tile"`` is not offered: ValueError; it is the form the
+pipeliner miscompiles). Per row they accumulate the shifted sums ``s1 = sum (a - c)``, ``s2 = sum (a - c)^2``
+with ``c = a[:, 0]`` (one extra load per row block, memory op ``a_shift``), so ``d = s1/K``, ``mean = c + d``,
+``var = max(s2/K - d^2, 0)``. The epilogue broadcasts the colsum / beta_b tile (memory ops ``colsum``,
+``beta_b``; the shift and both vectors always use ``"pointer"`` indexing). Finding (helion 1.5.0, generated code,
+checked by the Triton-interpreter test): Helion masks a reduction's input over a partial tile only when it cannot
+prove the masked lanes are zero, and it treats ``a_tile - shift[:, None]`` (zero-filled load minus a broadcast
+row vector) as still zero there, so without an explicit ``torch.where(tile_k.index < k, y, 0)`` the K padding
+adds ``-shift`` per padded column to ``s1`` (wrong results at K % BLOCK_K != 0). The kernels mask explicitly.
+Register cost of the broadcast epilogue (ptxas, bf16, K=N=1024): rowblock 128x256 flattened 182 registers (RMSNorm
+155); 128x128 flattened 212 (RMSNorm 90, so 1 program per SM instead of 2), 128x128 nested 99 (2 per SM).
 
 Dots run with ``dot_precision="ieee"``: no effect on bf16/fp16 (wgmma either way), but fp32 inputs get a true
 fp32 FMA dot instead of TF32 (slow; fp32 is for correctness checks against the fp32 reference, not benchmarks).

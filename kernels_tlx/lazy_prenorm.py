@@ -1,5 +1,6 @@
-r"""Lazy Pre-Norm (RMSNorm -> GEMM) in TLX for the H200 (sm_90): a warp-specialized TMA + wgmma GEMM whose
-consumer warpgroups also read their rows of each shared-memory A tile to accumulate the per-row sum of squares.
+r"""Lazy Pre-Norm (RMSNorm or LayerNorm -> GEMM) in TLX for the H200 (sm_90): a warp-specialized TMA + wgmma GEMM
+whose consumer warpgroups also read their rows of each shared-memory A tile to accumulate the per-row statistics
+(sum of squares; for LayerNorm the shifted sum and sum of squares).
 
 Math (see ``normfuse.techniques.lazy_prenorm``)::
 
@@ -57,6 +58,24 @@ the current M-tile are re-read (from L2) for every N-tile, as before. Both tasks
 same ``_tile_range`` / ``_tile_coords`` helpers, so the (tile, k) sequences -- and with them the barrier
 phases below -- stay identical; the ring protocol itself is unchanged (a skipped ``local_load`` only removes
 one of the two conditions for releasing a slot).
+
+**LayerNorm** (``lazy_layernorm_matmul``: constexpr ``LAYERNORM``; math in ``normfuse.techniques.lazy_prenorm``):
+``C = rstd ⊙ (A @ B_folded) - (rstd * mean) ⊗ colsum + beta_b``. Same kernel, same ring and barrier protocol. Each
+consumer loads its rows' shift ``c = A[:, 0]`` from global memory at the start of a tile (64 values, before its
+first ``full`` wait) and accumulates, from the shared-memory A slice while the wgmma runs, the fp32 shifted sums
+``S1 = sum (a - c)`` and ``S2 = sum (a - c)^2`` (the K padding masked unless ``EVEN_K``); REUSE_RSTD skips them
+on the reused N-tiles exactly as for RMSNorm. The epilogue stores ``rstd`` and ``d = S1/K`` in the consumer's
+shared buffers and then, by default (``TilingConfig.LN_EPILOGUE_MMA``), adds the rank-1 correction with one
+more ``m64 k16`` wgmma: A from registers, ``[-c x3, -d1, -d1, -d2, s1, s1, s2, 0...]`` per row (input-dtype
+splits of ``d`` and ``1/rstd``; ``-c`` is exact), B a ``[16, BLOCK_N]`` shared buffer per consumer holding the
+input-dtype splits of the colsum / beta_b tile (written with ``local_store``, then ``fence.proxy.async`` and the
+warpgroup barrier before the wgmma), and finally scales by ``rstd`` like the RMSNorm epilogue. The alternative,
+broadcasting the colsum / beta_b tile in registers (``LN_EPILOGUE_MMA=False``), needs each thread to hold the
+values of all its accumulator columns (2 x 64 at BLOCK_N = 256): broadcast over the whole tile, the compiler
+converted the fp32 accumulator through shared memory (64 ``ldmatrix``, 64 KB scratch: over the 227 KB limit); in
+64-column chunks (what is shipped) it converts nothing but the vectors, and ptxas spills ~350 bytes per thread.
+The extra-MMA epilogue needs ``NUM_CONSUMERS * 16 * (BLOCK_N + 64)`` more bytes of shared memory (20 KB at
+BLOCK_N = 256), so at BLOCK_N = 256 with 3 stages only the EPILOGUE_SUBTILE configs fit (BLOCK_N = 128 fits with 4).
 
 The fused sum of squares avoids Triton's software pipeliner entirely (``num_stages=1``; the ring is explicit),
 so it is not exposed to the "one tile feeds both tl.dot and a row reduction" miscompile
@@ -239,6 +258,14 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "s4_subtile": TilingConfig(NUM_STAGES=4, EPILOGUE_SUBTILE=True),
     "reuse_rstd": TilingConfig(REUSE_RSTD=True),
     "reuse_rstd_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, REUSE_RSTD=True),
+}
+# LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
+# with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the
+# register-broadcast epilogue on the REUSE_RSTD tiles (no subtile needed) to measure which epilogue wins.
+SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
+    "ln_reuse_rstd_subtile": TilingConfig(REUSE_RSTD=True, EPILOGUE_SUBTILE=True),
+    "ln_subtile": TilingConfig(EPILOGUE_SUBTILE=True),
+    "ln_reuse_rstd_broadcast": TilingConfig(REUSE_RSTD=True, LN_EPILOGUE_MMA=False),
 }
 
 
@@ -827,7 +854,7 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor
 
 
 # ------------------------------------------------------------------------------------------------------------
-# GPU self-check: python -m kernels_tlx.lazy_prenorm [--quick] [--config NAME ...]
+# GPU self-check: python -m kernels_tlx.lazy_prenorm [--quick] [--variant rmsnorm|layernorm|both] [--config NAME]
 # ------------------------------------------------------------------------------------------------------------
 _CHECK_SHAPES = [  # (M, N, K): a block-aligned shape first, then partial/empty tiles, then the blog shape
     (4096, 4096, 4096),  # REUSE_RSTD: chunks of 3-4 (BLOCK_N=256) or 7-8 tiles, most starting inside an M-tile
@@ -843,11 +870,16 @@ _CHECK_SHAPES = [  # (M, N, K): a block-aligned shape first, then partial/empty 
     (262144, 1024, 1024),  # blog benchmark shape, persistent loop of 62 tiles per CTA
 ]
 _BENCH_SHAPES = [(262144, 1024, 1024), (8192, 8192, 8192)]
+# LayerNorm: mean-shifted inputs (the one-pass statistics and the epilogue's cancellation), (M, N, K, mean_shift)
+_LN_SHIFT_CASES = [(4096, 1024, 1024, 10.0), (1000, 1000, 1000, 100.0), (17793, 1000, 1000, 10.0)]
 _DEVICE = "cuda"  # the CPU dry-run test of _self_check swaps in "cpu" and fake kernels
+_EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 
 
 def _self_check(argv=None) -> int:
-    """Check every shipped config (both ops) against the fp32 reference at ``_CHECK_SHAPES``, then time them.
+    """Check every shipped config (both ops; ``SHIPPED_CONFIGS`` for RMSNorm, ``SHIPPED_LN_CONFIGS`` for LayerNorm)
+    against the fp32 reference at ``_CHECK_SHAPES`` (LayerNorm also at the mean-shifted ``_LN_SHIFT_CASES``), then
+    time them.
 
     A hung launch (barrier deadlock) aborts the process after ``--hang-timeout`` seconds with a traceback
     (faulthandler), so the last ``[run ]`` line names the culprit. Output buffers are NaN-poisoned first, so a
@@ -858,18 +890,28 @@ def _self_check(argv=None) -> int:
     import sys
     import time
 
+    all_names = sorted(SHIPPED_CONFIGS) + sorted(SHIPPED_LN_CONFIGS)
     p = argparse.ArgumentParser(description="GPU correctness + speed check of the TLX Lazy Pre-Norm kernels")
-    p.add_argument("--config", action="append", choices=sorted(SHIPPED_CONFIGS),
-                   help="config(s) to check, repeatable (default: all shipped, 'default' first)")
+    p.add_argument("--config", action="append", choices=all_names,
+                   help="config(s) to check, repeatable (default: all shipped of the variant(s), 'default' first)")
+    p.add_argument("--variant", choices=("rmsnorm", "layernorm", "both"), default="both",
+                   help="which fused op: lazy_rmsnorm_matmul, lazy_layernorm_matmul or both (default)")
     p.add_argument("--quick", action="store_true", help="skip the 262144x1024x1024 check and all timing")
     p.add_argument("--no-bench", action="store_true", help="correctness only")
     p.add_argument("--hang-timeout", type=float, default=90.0,
                    help="seconds before a hung launch aborts the process with a traceback")
-    p.add_argument("--eps", type=float, default=1e-6)
+    p.add_argument("--eps", type=float, default=None, help="default: 1e-6 (RMSNorm), 1e-5 (LayerNorm)")
     args = p.parse_args(argv)
-    names = args.config or list(SHIPPED_CONFIGS)
+    variants = ("rmsnorm", "layernorm") if args.variant == "both" else (args.variant,)
+    shipped = {"rmsnorm": SHIPPED_CONFIGS, "layernorm": SHIPPED_LN_CONFIGS}
+    runs = []  # (variant, config name) in order
+    for v in variants:
+        names = [n for n in (args.config or shipped[v]) if n in shipped[v]]
+        runs += [(v, n) for n in names]
+    if not runs:
+        p.error(f"no config of {args.variant} selected (RMSNorm: {sorted(SHIPPED_CONFIGS)}, "
+                f"LayerNorm: {sorted(SHIPPED_LN_CONFIGS)})")
     shapes = [s for s in _CHECK_SHAPES if not (args.quick and s[0] >= 262144)]
-    eps = args.eps
     print(f"triton {triton.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}, "
           f"{_num_sms(torch.device(_DEVICE))} SMs", flush=True)
 
@@ -884,31 +926,45 @@ def _self_check(argv=None) -> int:
 
     cache: dict = {}
 
-    def case(M, N, K):
-        if (M, N, K) not in cache:
-            inp = _spec.make_inputs(M, N, K, dtype="bf16", device=_DEVICE, seed=0)
+    def case(variant, M, N, K, shift=0.0):
+        eps = args.eps if args.eps is not None else _EPS[variant]
+        key = (variant, M, N, K, shift)
+        if key not in cache:
+            inp = _spec.make_inputs(M, N, K, dtype="bf16", device=_DEVICE, seed=0, variant=variant, mean_shift=shift)
             ref_m, same_m = _spec.references("gemm", inp, eps)  # fp32 a @ b_folded, and torch's bf16 result
-            ref_f, same_f = _spec.references("fused", inp, eps)
-            cache[(M, N, K)] = (inp, ref_m, _spec.tolerance(ref_m, same_m), ref_f, _spec.tolerance(ref_f, same_f))
-        return cache[(M, N, K)]
+            ref_f, same_f = _spec.references("fused", inp, eps, variant)
+            cache[key] = (inp, ref_m, _spec.tolerance(ref_m, same_m), ref_f, _spec.tolerance(ref_f, same_f), eps)
+        return cache[key]
+
+    def fused_call(variant, inp, eps, cfg):
+        a, bf = inp["a"], inp["b_folded"]
+        if variant == "layernorm":
+            return lambda: lazy_layernorm_matmul(a, bf, inp["colsum"], inp["beta_b"], eps=eps, config=cfg)
+        return lambda: lazy_rmsnorm_matmul(a, bf, eps=eps, config=cfg)
 
     failures = []
-    for name in names:
-        cfg = SHIPPED_CONFIGS[name]
-        for (M, N, K) in shapes:
-            inp, ref_m, tol_m, ref_f, tol_f = case(M, N, K)
+    for variant, name in runs:
+        cfg = shipped[variant][name]
+        fused_op = "lazy_layernorm_matmul" if variant == "layernorm" else "lazy_rmsnorm_matmul"
+        cases = [(M, N, K, 0.0) for (M, N, K) in shapes]
+        if variant == "layernorm":
+            cases += _LN_SHIFT_CASES
+        for (M, N, K, shift) in cases:
+            inp, ref_m, tol_m, ref_f, tol_f, eps = case(variant, M, N, K, shift)
             a, bf = inp["a"], inp["b_folded"]
-            for op, fn, ref, tol in (("matmul", lambda: matmul(a, bf, config=cfg), ref_m, tol_m),
-                                     ("lazy_rmsnorm_matmul",
-                                      lambda: lazy_rmsnorm_matmul(a, bf, eps=eps, config=cfg), ref_f, tol_f)):
+            ops = [(fused_op, fused_call(variant, inp, eps, cfg), ref_f, tol_f)]
+            if variant == "rmsnorm" or shift == 0.0:  # the GEMM does not depend on the variant or the shift
+                ops.insert(0, ("matmul", lambda: matmul(a, bf, config=cfg), ref_m, tol_m))
+            for op, fn, ref, tol in ops:
                 torch.full((M, N), float("nan"), dtype=a.dtype, device=_DEVICE)  # poison the allocator's block
-                print(f"[run ] {name:19s} {op:20s} M={M} N={N} K={K} ...", end=" ", flush=True)
+                label = f"M={M} N={N} K={K}" + (f" shift={shift:g}" if shift else "")
+                print(f"[run ] {name:23s} {op:22s} {label} ...", end=" ", flush=True)
                 t0 = time.perf_counter()
                 out = guarded(fn)
                 res = _spec.compare(out, ref, tol)
                 del out
                 if not res["ok"]:
-                    failures.append(f"{name} {op} {M}x{N}x{K}")
+                    failures.append(f"{name} {op} {M}x{N}x{K}" + (f" shift={shift:g}" if shift else ""))
                 print(f"{'ok  ' if res['ok'] else 'FAIL'} max_abs={res['max_abs_err']:.3e} tol={tol:.3e} "
                       f"rel={res['rel_err']:.2e} ({time.perf_counter() - t0:.1f}s)", flush=True)
     cache.clear()
@@ -918,31 +974,40 @@ def _self_check(argv=None) -> int:
         from triton.testing import do_bench
 
         for (M, N, K) in _BENCH_SHAPES:
-            inp = _spec.make_inputs(M, N, K, dtype="bf16", device=_DEVICE, seed=0)
-            a, bf = inp["a"], inp["b_folded"]
-            flop = 2.0 * M * N * K
-            print(f"--- timing M={M} N={N} K={K} bf16 (do_bench median, L2 flushed; TFLOP/s = 2MNK/t) ---",
-                  flush=True)
+            for variant in variants:
+                names = [n for v, n in runs if v == variant]
+                if not names:
+                    continue
+                eps = args.eps if args.eps is not None else _EPS[variant]
+                inp = _spec.make_inputs(M, N, K, dtype="bf16", device=_DEVICE, seed=0, variant=variant)
+                a, bf = inp["a"], inp["b_folded"]
+                flop = 2.0 * M * N * K
+                print(f"--- timing {variant} M={M} N={N} K={K} bf16 (do_bench median, L2 flushed; "
+                      f"TFLOP/s = 2MNK/t) ---", flush=True)
 
-            def bench(label, fn, norm_only=False):
-                guarded(fn)
-                ms = guarded(lambda: do_bench(fn, return_mode="median"))
-                rate = (f"{2 * M * K * a.element_size() / ms / 1e6:7.1f} GB/s (read A + write A)" if norm_only
-                        else f"{flop / ms / 1e9:7.1f} TFLOP/s")
-                print(f"{label:34s} {ms * 1e3:9.1f} us  {rate}", flush=True)
-                return ms
+                def bench(label, fn, norm_only=False):
+                    guarded(fn)
+                    ms = guarded(lambda: do_bench(fn, return_mode="median"))
+                    rate = (f"{2 * M * K * a.element_size() / ms / 1e6:7.1f} GB/s (read A + write A)" if norm_only
+                            else f"{flop / ms / 1e9:7.1f} TFLOP/s")
+                    print(f"{label:40s} {ms * 1e3:9.1f} us  {rate}", flush=True)
+                    return ms
 
-            bench("cublas a@b", lambda: a @ bf)
-            t_norm = bench("torch eager rmsnorm (no GEMM)", lambda: _spec.rmsnorm(a, eps), norm_only=True)
-            for name in names:
-                cfg = SHIPPED_CONFIGS[name]
-                t_g = bench(f"tlx matmul [{name}]", lambda: matmul(a, bf, config=cfg))
-                t_f = bench(f"tlx fused  [{name}]", lambda: lazy_rmsnorm_matmul(a, bf, eps=eps, config=cfg))
-                print(f"{'':34s} fused - gemm = {(t_f - t_g) * 1e3:.1f} us "
-                      f"({100 * (t_f - t_g) / t_g:+.1f}% of the GEMM; "
-                      f"{100 * (1 - (t_f - t_g) / t_norm):.0f}% of the eager norm's time hidden)", flush=True)
-            del inp, a, bf
-            torch.cuda.empty_cache()
+                bench("cublas a@b", lambda: a @ bf)
+                if variant == "layernorm":
+                    t_norm = bench("torch eager layernorm (no GEMM)",
+                                   lambda: torch.nn.functional.layer_norm(a, (K,), None, None, eps), norm_only=True)
+                else:
+                    t_norm = bench("torch eager rmsnorm (no GEMM)", lambda: _spec.rmsnorm(a, eps), norm_only=True)
+                for name in names:
+                    cfg = shipped[variant][name]
+                    t_g = bench(f"tlx matmul [{name}]", lambda: matmul(a, bf, config=cfg))
+                    t_f = bench(f"tlx fused  [{name}]", fused_call(variant, inp, eps, cfg))
+                    print(f"{'':40s} fused - gemm = {(t_f - t_g) * 1e3:.1f} us "
+                          f"({100 * (t_f - t_g) / t_g:+.1f}% of the GEMM; "
+                          f"{100 * (1 - (t_f - t_g) / t_norm):.0f}% of the eager norm's time hidden)", flush=True)
+                del inp, a, bf
+                torch.cuda.empty_cache()
 
     print("ALL OK" if not failures else f"{len(failures)} FAILURE(S): " + "; ".join(failures), flush=True)
     return 1 if failures else 0

@@ -1,4 +1,5 @@
-r"""Lazy Pre-Norm in upstream Triton (3.6.0, Hopper sm_90): a TMA GEMM and the same GEMM with RMSNorm fused in.
+r"""Lazy Pre-Norm in upstream Triton (3.6.0, Hopper sm_90): a TMA GEMM and the same GEMM with RMSNorm or LayerNorm
+fused in.
 
 Formulation (technique spec: ``normfuse.techniques.lazy_prenorm``)::
 
@@ -83,6 +84,28 @@ no statistics), so a row-block tiling entry also times the row-block GEMM, and t
 the tiling list (``normfuse.metrics``: ``T_gemm_dsl`` is the min over the list). If the schedule alone (flattened
 pipeline, store overlap) made the GEMM faster, that gain is thus not credited to the fusion; if the grouped
 tile GEMM is faster, the fused row-block kernel also pays for its schedule.
+
+**LayerNorm** (``lazy_layernorm_matmul``, the same kernels with the constexpr ``LN``; math in
+``normfuse.techniques.lazy_prenorm``): ``C = rstd ⊙ (A @ b_folded) - (rstd * mean) ⊗ colsum + beta_b``. The
+statistics ride on exactly the ``sumsq`` / ``schedule`` machinery above (``"reload"``: a second, pointer load of
+each A tile in the K loop; ``"prepass"``: a dot-free loop first; row-block schedules: once per row block), so the
+same pipeliner discipline holds: no loaded tile feeds both the dot and a reduction (except in ``"shared_tile"``,
+kept for symmetry, not shipped). Per row they are the shifted sums ``S1 = sum (a - c)``, ``S2 = sum (a - c)^2``
+with ``c = a[:, 0]`` (one extra pointer load per row before the loop; the K padding is masked unless
+``K % BLOCK_K == 0``, constexpr ``EVEN_K``), then ``d = S1/K``, ``mean = c + d``, ``var = max(S2/K - d^2, 0)``.
+Two epilogues:
+
+* **extra MMA** (``schedule="tile"`` and ``"rowblock_nested"``, and the peeled first tile of ``"rowblock"``):
+  ``acc += A_ext @ B_ext`` with one more ``tl.dot`` of K = 16, then ``acc * rstd``. ``A_ext [BLOCK_M, 16]`` holds
+  per row ``-c`` (exact: an element of A), ``-d`` and ``1/rstd`` split into input-dtype parts; ``B_ext [16,
+  BLOCK_N]`` the matching input-dtype splits of the colsum / beta_b tile (3 parts for colsum: ~24 bits, the shift
+  term is the one that cancels against ``acc``). Each thread then needs no per-column values at all; a register
+  broadcast needs the colsum and beta_b values of all its accumulator columns (64 + 64 per thread at 128x256,
+  8 warps), i.e. about as many extra shared/L1 loads per tile as the tile has columns per thread.
+* **broadcast** (``schedule="rowblock"``, the flattened N x K loop): the colsum / beta_b tile is loaded and
+  broadcast in registers. In the flattened loop the extra dot sits in the pipelined loop's epilogue branch, and
+  there the sm_90 TTGIR lost the async wgmma pipelining (no ``pendings = 1``) and ptxas serialized the wgmmas
+  (C7515), so the flattened schedule keeps the broadcast.
 
 Only a GPU run can say which formulation is correct at a given ``num_stages``: the compile-only check does not
 catch this bug. Every fused config needs a GPU correctness check before its timing is reported. (Every shipped

@@ -21,9 +21,14 @@ CHECKS = {  # technique -> (tiling file, shapes, variants, eps)
                                   (70000, 512, None)], ("rmsnorm", "layernorm"), 1e-6),
     "naive_fusion": ("naive_fusion_h200.yaml", [(1, 64, 64), (257, 128, 72), (1000, 256, 256), (17793, 512, 128)],
                      ("layernorm", "rmsnorm"), 1e-5),
+    # Lazy Pre-Norm's LayerNorm variant: its own tiling list (technique lazy_prenorm, see CHECK_TECHNIQUE)
+    "lazy_prenorm_ln": ("lazy_prenorm_ln_h200.yaml", ODD_SHAPES, ("layernorm",), 1e-5),
 }
-# technique -> extra input options checked too (spec.make_inputs keywords); every technique is checked with {}
-CHECK_OPTIONS = {"naive_fusion": [{"affine": True, "mean_shift": 10.0}]}
+CHECK_TECHNIQUE = {"lazy_prenorm_ln": "lazy_prenorm"}  # check name -> technique, where they differ
+# make_inputs options per check, each set checked at every shape (default: one set, {}); the fused kernels also
+# with mean-shifted inputs (one-pass statistics, epilogue cancellation) and, for naive fusion, an affine
+CHECK_OPTIONS = {"lazy_prenorm_ln": ({}, {"mean_shift": 10.0}),
+                 "naive_fusion": ({}, {"affine": True, "mean_shift": 10.0})}
 GEMM_IMPLS = ("gemm",)  # the same for every variant: checked for the first variant only
 
 
@@ -35,16 +40,19 @@ def shipped_configs(dsl: str, technique: str = "lazy_prenorm") -> list[dict]:
 
 
 def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
-    """Check every shipped config of ``dsl`` for ``technique`` at its odd shapes; return failure descriptions."""
+    """Check every shipped config of ``dsl`` for ``technique`` (a ``CHECKS`` key: a technique, or a check name
+    mapped to one by ``CHECK_TECHNIQUE``) at its odd shapes and input options; return failure descriptions."""
     from normfuse.techniques import get_technique
     from normfuse.worker import measure
 
-    _, shapes, variants, eps = CHECKS[technique]
+    check, technique = technique, CHECK_TECHNIQUE.get(technique, technique)
+    _, shapes, variants, eps = CHECKS[check]
+    option_sets = CHECK_OPTIONS.get(check, ({},))
     impls_default = list(getattr(get_technique(technique), "IMPLS", ("fused", "gemm")))
     if technique == "lazy_prenorm":
         impls_default = ["fused", "gemm"]
     failures = []
-    for cfg in shipped_configs(dsl, technique):
+    for cfg in shipped_configs(dsl, check):
         cfg = dict(cfg)
         name = cfg.pop("name", "?")
         impls = cfg.pop("impls", None) or impls_default
@@ -52,11 +60,12 @@ def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
             continue
         for impl in impls:
             for variant in (variants[:1] if impl in GEMM_IMPLS else variants):
-                for seed, ((M, N, K), options) in enumerate(
-                        (s, o) for o in [{}] + CHECK_OPTIONS.get(technique, []) for s in shapes):
+                for seed, ((M, N, K), options) in enumerate((s, o) for o in option_sets for s in shapes):
+                    if options and impl != "fused":
+                        continue  # the input options matter only to the fused kernel
                     req = {"technique": technique, "dsl": dsl, "impl": impl, "variant": variant, "M": M, "N": N,
                            "K": K, "dtype": "bf16", "eps": eps, "config": cfg, "mode": "gpu", "seed": 1000 + seed,
-                           "options": options, "check_only": True}
+                           "check_only": True, "options": options}
                     try:
                         r = measure(req)
                     except ValueError:  # the config does not serve this shape by design: 'unsupported'
@@ -65,8 +74,7 @@ def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
                         r = {"status": "error", "error": f"{type(e).__name__}: {e}"}
                     if r["status"] != "ok":
                         failures.append(f"{dsl}/{technique}/{variant or ''}/{impl}/{name} at M={M} N={N} K={K}"
-                                        f"{' ' + str(options) if options else ''}: "
-                                        f"{r['status']} {r.get('error', '')}")
+                                        + (f" {options}" if options else "") + f": {r['status']} {r.get('error', '')}")
     return failures
 
 

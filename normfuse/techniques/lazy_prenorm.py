@@ -207,28 +207,69 @@ def unfused_torch(inputs: dict, eps: float, variant: str | None = "rmsnorm") -> 
     return rmsnorm(a, eps, gamma) @ b
 
 
-def lazy_layernorm_emulated(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor,
-                            eps: float, *, block_k: int = 64, shift: bool = True) -> torch.Tensor:
-    """The fused LayerNorm kernels' arithmetic, emulated in torch on the CPU (returns fp32 ``[M, N]``, before the
-    output cast): fp32 accumulator ``a @ b_folded`` (products of the input-dtype values, fp32 sums), per-row
-    statistics accumulated per K tile of ``block_k`` columns in fp32 -- shifted by the row's first element when
-    ``shift`` (what the kernels do), or the naive one-pass ``sum a, sum a^2`` otherwise (for comparison) -- and the
-    epilogue ``rstd * acc - rstd * mean * colsum + beta_b``. Used by ``experiments/lazy_ln_cancellation.py`` and
-    the tests to measure the one-pass cancellation without a GPU."""
+def layernorm_stats_onepass(a: torch.Tensor, eps: float, *, block_k: int = 64,
+                            shift: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused kernels' one-pass LayerNorm statistics, emulated in torch: per row, fp32 sums accumulated one K
+    tile of ``block_k`` columns at a time, shifted by the row's first element ``c`` when ``shift`` (what the kernels
+    do) or not (the naive ``E[a^2] - E[a]^2``, for comparison). Returns fp32 ``(mean, rstd, d, c)`` ``[M]`` with
+    ``d = mean - c``."""
     af = a.float()
     M, K = af.shape
-    c = af[:, :1] if shift else torch.zeros(M, 1, dtype=torch.float32, device=a.device)
+    c = af[:, 0] if shift else torch.zeros(M, dtype=torch.float32, device=a.device)
     s1 = torch.zeros(M, dtype=torch.float32, device=a.device)
     s2 = torch.zeros(M, dtype=torch.float32, device=a.device)
-    for k0 in range(0, K, block_k):  # one K tile at a time, as the kernels' loops do
-        y = af[:, k0:k0 + block_k] - c
+    for k0 in range(0, K, block_k):
+        y = af[:, k0:k0 + block_k] - c[:, None]
         s1 += y.sum(-1)
         s2 += (y * y).sum(-1)
     d = s1 / K
-    mean = c[:, 0] + d
-    var = torch.clamp(s2 / K - d * d, min=0.0)
-    rs = torch.rsqrt(var + eps)
-    acc = af @ b_folded.float()
+    rs = torch.rsqrt(torch.clamp(s2 / K - d * d, min=0.0) + eps)
+    return c + d, rs, d, c
+
+
+def split3(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 ``x`` as three ``dtype`` parts whose fp32 sum is ``x`` to ~24 bits (bf16): each part rounds the
+    remainder of the previous ones. The kernels' ``_split3``."""
+    x1 = x.to(dtype)
+    r = x - x1.float()
+    x2 = r.to(dtype)
+    return x1, x2, (r - x2.float()).to(dtype)
+
+
+def layernorm_ext_operands(c, d, rstd, colsum, beta_b, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operands of the kernels' rank-1 epilogue MMA (``_ln_a_ext`` / ``_ln_b_ext``): ``A_ext [M, 16]`` with
+    columns ``-c, -c, -c, -d1, -d1, -d2, s1, s1, s2, 0...`` and ``B_ext [16, N]`` with rows ``cs1, cs2, cs3, cs1, cs2,
+    cs1, bb1, bb2, bb1, 0...`` (``dtype`` splits of d, s = 1/rstd, colsum, beta_b), so that
+    ``A_ext @ B_ext ~= -(c + d) ⊗ colsum + (1/rstd) ⊗ beta_b``."""
+    M, N = c.shape[0], colsum.shape[0]
+    d1, d2, _ = split3(d, dtype)
+    s1, s2, _ = split3(1.0 / rstd, dtype)
+    cs1, cs2, cs3 = split3(colsum.float(), dtype)
+    bb1, bb2, _ = split3(beta_b.float(), dtype)
+    a_ext = torch.zeros(M, 16, dtype=dtype, device=c.device)
+    b_ext = torch.zeros(16, N, dtype=dtype, device=c.device)
+    for j, (col, row) in enumerate([(-c.to(dtype), cs1), (-c.to(dtype), cs2), (-c.to(dtype), cs3), (-d1, cs1),
+                                    (-d1, cs2), (-d2, cs1), (s1, bb1), (s1, bb2), (s2, bb1)]):
+        a_ext[:, j] = col
+        b_ext[j] = row
+    return a_ext, b_ext
+
+
+def lazy_layernorm_emulated(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor,
+                            eps: float, *, block_k: int = 64, shift: bool = True, epilogue: str = "fp32") -> torch.Tensor:
+    """The fused LayerNorm kernels' arithmetic, emulated in torch (returns fp32 ``[M, N]``, before the output cast):
+    fp32 accumulator ``a @ b_folded`` (products of the input-dtype values, fp32 sums), the one-pass statistics of
+    ``layernorm_stats_onepass`` (``shift`` as there), and the epilogue: ``"fp32"`` (the broadcast epilogue,
+    ``rstd * acc - rstd * mean * colsum + beta_b`` in fp32) or ``"mma"`` (the extra-MMA epilogue:
+    ``rstd * (acc + A_ext @ B_ext)`` with the input-dtype splits of ``layernorm_ext_operands``). Used by
+    ``experiments/lazy_ln_cancellation.py`` and the tests to measure the one-pass cancellation without a GPU."""
+    if epilogue not in ("fp32", "mma"):
+        raise ValueError(f"epilogue must be 'fp32' or 'mma', got {epilogue!r}")
+    mean, rs, d, c = layernorm_stats_onepass(a, eps, block_k=block_k, shift=shift)
+    acc = a.float() @ b_folded.float()
+    if epilogue == "mma":
+        a_ext, b_ext = layernorm_ext_operands(c, d, rs, colsum, beta_b, a.dtype)
+        return (acc + a_ext.float() @ b_ext.float()) * rs[:, None]
     return acc * rs[:, None] - (rs * mean)[:, None] * colsum.float()[None, :] + beta_b.float()[None, :]
 
 
