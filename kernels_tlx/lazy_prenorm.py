@@ -624,8 +624,9 @@ def _validate(a, b, eps, fuse: bool, *, need_cuda: bool) -> tuple[int, int, int]
 def _validate_ln(a, b, colsum, beta_b, eps, cfg: TilingConfig, *, need_cuda: bool) -> tuple[int, int, int]:
     """``_validate`` for the LayerNorm op, plus its fp32 ``[N]`` vectors and the config's shared memory with
     the extra rstd * mean buffers. Raises TypeError/ValueError."""
+    _, N, _ = _spec.check_inputs(a, b, eps if not isinstance(eps, bool) else None)
+    _spec.check_layernorm_vectors(colsum, beta_b, N, a.device)  # before the device check: a bad vector is named first
     M, N, K = _validate(a, b, eps, True, need_cuda=need_cuda)
-    _spec.check_layernorm_vectors(colsum, beta_b, N, a.device)
     if cfg.smem_bytes(a.element_size(), layernorm=True) > SMEM_LIMIT_BYTES:
         raise ValueError(f"shared memory: estimated {cfg.smem_bytes(a.element_size(), layernorm=True)} B > "
                          f"{SMEM_LIMIT_BYTES} B for {LN_OP} (its d buffers add BLOCK_M * 4 B, and with "

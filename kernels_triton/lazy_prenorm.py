@@ -669,8 +669,9 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
 def _ln_meta(a, b_folded, colsum, beta_b, eps, config, *, launch: bool):
     """``_prepare`` plus the LayerNorm extras: the epilogue vectors validated, ``LN`` and ``EVEN_K`` set."""
     eps = _check_eps(eps)
+    _, N, _ = check_inputs(a, b_folded, eps)
+    check_layernorm_vectors(colsum, beta_b, N, a.device)  # before the device check: a bad vector is named first
     cfg, (M, N, K), c, descs, grid, meta = _prepare(a, b_folded, eps, config, launch=launch)
-    check_layernorm_vectors(colsum, beta_b, N, a.device)
     meta.update(LN=True, EVEN_K=K % cfg.BLOCK_K == 0)
     return eps, cfg, (M, N, K), c, descs, grid, meta
 

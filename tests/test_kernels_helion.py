@@ -537,3 +537,190 @@ def test_cpu_tensors_need_ref_mode():
         L.matmul(a, b)
     with pytest.raises(ValueError, match="HELION_INTERPRET"):
         L.lazy_rmsnorm_matmul(a, b)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# (5) LayerNorm (lazy_layernorm_matmul): ref mode, tiled interpreter, generated code, sm_90 compile, errors
+# ------------------------------------------------------------------------------------------------------------
+LN_REF_CODE = r"""
+import json
+import torch
+from kernels_helion import lazy_prenorm as L
+from normfuse.techniques import lazy_prenorm as T
+
+res = []
+for dtype in ("bf16", "fp16", "fp32"):
+    for (M, N, K) in [(1, 72, 72), (33, 48, 200), (130, 24, 40)]:
+        for shift in (0.0, 10.0, 100.0):
+            for eps in (1e-5, 0.5):
+                inp = T.make_inputs(M, N, K, dtype=dtype, seed=M + K, variant="layernorm", mean_shift=shift)
+                ref = T.reference(inp, eps, "layernorm")
+                tol = T.tolerance(ref, T.unfused_torch(inp, eps, "layernorm"))
+                for v in L.LN_SUMSQ_VARIANTS:
+                    out = L.lazy_layernorm_matmul(inp["a"], inp["b_folded"], inp["colsum"], inp["beta_b"], eps=eps,
+                                                  config={"sumsq": v})
+                    res.append(dict(dtype=dtype, shape=[M, N, K], shift=shift, eps=eps, variant=v,
+                                    out_shape=list(out.shape), out_dtype=str(out.dtype), **T.compare(out, ref, tol)))
+# negative control: no mean correction
+inp = T.make_inputs(33, 48, 200, dtype="fp32", seed=1, variant="layernorm", mean_shift=10.0)
+ref = T.reference(inp, 1e-5, "layernorm")
+out = L.lazy_layernorm_matmul(inp["a"], inp["b_folded"], torch.zeros_like(inp["colsum"]), inp["beta_b"], eps=1e-5)
+neg = T.compare(out, ref, T.tolerance(ref, T.unfused_torch(inp, 1e-5, "layernorm")))["ok"]
+print(json.dumps(dict(cases=res, negative_control_ok=neg)))
+"""
+
+
+def test_layernorm_ref_mode():
+    res = run_python_json(LN_REF_CODE, env={"HELION_INTERPRET": "1"}, timeout=300)
+    cases = res["cases"]
+    assert len(cases) == 3 * 3 * 3 * 2 * len(L.LN_SUMSQ_VARIANTS)
+    bad = [c for c in cases if not c["ok"]]
+    assert not bad, bad[:3]
+    for c in cases:
+        assert c["out_shape"] == c["shape"][:2] and c["out_dtype"] == str(T.torch_dtype(c["dtype"]))
+    assert res["negative_control_ok"] is False
+
+
+# The generated Triton, tile by tile in the Triton interpreter: K tails (the shifted sums must mask the padding,
+# which Helion does not do by itself here), TMA and pointer indexing, every formulation, mean-shifted rows.
+LN_INTERPRETER_CODE = r"""
+import json
+import torch
+import triton.language as tl
+import torch._inductor.runtime.triton_compat as tc
+tc.libdevice.rsqrt = lambda x, **kw: tl.math.rsqrt(x)
+from kernels_helion import lazy_prenorm as L
+from normfuse.techniques import lazy_prenorm as T
+
+def run(inp, cfg, eps=1e-5):
+    cfg = L.TilingConfig.from_dict(cfg)
+    args = (inp["a"], inp["b_folded"], inp["colsum"], inp["beta_b"], eps)
+    bound = L._KERNELS[cfg.kernel_key(L.LN_OP)].bind(args)
+    with L._live_args(bound, args):
+        hcfg = cfg.to_helion(L.LN_OP)
+        code = bound.to_triton_code(hcfg)
+        out = bound.compile_config(hcfg)(*args)
+    return out, code
+
+rb = {"sumsq": "rowblock", "num_warps": 4}
+cases = [((1, 1000, 1000), dict(rb, block_sizes=(16, 128, 64), sumsq_block_k=256, indexing="pointer")),
+         ((33, 1000, 1000), dict(rb, block_sizes=(32, 256, 64), sumsq_block_k=128)),
+         ((70, 200, 136), dict(rb, block_sizes=(32, 64, 32), num_stages=3, range_flattens=(None, True, None)))]
+cases += [((33, 200, 136), {"sumsq": v, "num_warps": 4, "block_sizes": (16, 64, 32), "indexing": ix})
+          for v in ("reload", "prepass") for ix in ("pointer", "tensor_descriptor")]
+res = []
+for shift in (0.0, 100.0):
+    for (M, N, K), cfg in cases:
+        inp = T.make_inputs(M, N, K, dtype="fp32", seed=M + N + K, variant="layernorm", mean_shift=shift)
+        ref = T.reference(inp, 1e-5, "layernorm")
+        out, code = run(inp, cfg)
+        res.append(dict(shape=[M, N, K], shift=shift, sumsq=cfg["sumsq"], tma="_desc.load(" in code,
+                        **T.compare(out, ref, T.tolerance(ref, T.unfused_torch(inp, 1e-5, "layernorm")))))
+print(json.dumps(res))
+"""
+
+
+def test_layernorm_triton_interpreter_tiled():
+    res = run_python_json(LN_INTERPRETER_CODE, env={"TRITON_INTERPRET": "1"}, timeout=400)
+    assert len(res) == 2 * 7
+    bad = [c for c in res if not c["ok"]]
+    assert not bad, bad
+    assert any(c["tma"] for c in res) and not all(c["tma"] for c in res)
+
+
+@needs_codegen
+def test_layernorm_codegen():
+    a, b = _cpu(4096, 1024, 1000)  # K tail: the explicit mask must be there
+    code = L.triton_code(L.LN_OP, a, b, config={"sumsq": "reload"})
+    (body,) = _loop_bodies(code)
+    assert body.count("tl.dot(") == 1 and body.count("tl.sum(") == 2  # sum y and sum y^2
+    assert re.search(r"= a_desc\.load\(", body) and re.search(r"= tl\.load\(a \+.*evict_first", body)  # 2 A loads
+    assert "tl.where(" in body  # the K-padding mask of y = a - shift
+    kernel = code[code.index("@triton.jit"):]
+    assert re.search(r"= tl\.load\(a \+ \(indices_0 \* 1000 \+ 0 \* 1\)", kernel)  # the shift a[:, 0]
+    assert "tl.load(colsum +" in kernel and "tl.load(beta_b +" in kernel
+    code = L.triton_code(L.LN_OP, a, b, config={"sumsq": "rowblock", "sumsq_block_k": 256})
+    stat, n_body, k_body = _loop_bodies(code)
+    assert "tl.dot(" not in stat and stat.count("tl.sum(") == 2 and "evict_last" in stat
+    assert "libdevice.rsqrt" not in n_body and k_body.count("tl.dot(") == 1 and "tl.sum(" not in k_body
+    with pytest.raises(ValueError, match="not offered"):
+        L.triton_code(L.LN_OP, a, b, config={"sumsq": "shared_tile"})
+
+
+def test_layernorm_config_lists():
+    r = L.TilingConfig(sumsq="rowblock", block_sizes=(128, 128, 64), sumsq_block_k=256, epilogue_subtile=2,
+                       range_flattens=(None, True, None))
+    h = r.to_helion(L.LN_OP)
+    assert h.block_sizes == [128, 256, 128, 64] and "l2_groupings" not in h.config
+    # a_shift, a_sumsq, a, b, colsum, beta_b, out
+    assert h.indexing == ["pointer", "pointer", "tensor_descriptor", "tensor_descriptor", "pointer", "pointer",
+                          "tensor_descriptor"]
+    assert h.load_eviction_policies == ["", "last", "", "", "", ""]
+    assert h.range_flattens == [None, None, True, None]
+    h = L.TilingConfig(sumsq="reload").to_helion(L.LN_OP)
+    assert h.indexing == ["pointer", "tensor_descriptor", "tensor_descriptor", "pointer", "pointer", "pointer",
+                          "tensor_descriptor"]
+    assert h.load_eviction_policies == ["", "", "", "first", "", ""] and h.l2_groupings == [8]
+    with pytest.raises(ValueError, match="not offered"):
+        L.TilingConfig(sumsq="shared_tile").kernel_key(L.LN_OP)
+    assert L.TilingConfig(sumsq="shared_tile").kernel_key("lazy_rmsnorm_matmul")  # RMSNorm keeps it
+
+
+LN_COMPILE_CODE = r"""
+import json, re
+from pathlib import Path
+import torch, yaml
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_helion import lazy_prenorm as L
+
+tiling = yaml.safe_load(Path("configs/tiling/lazy_prenorm_ln_h200.yaml").read_text())["helion"]
+res = {}
+for (M, N, K) in [(262144, 1024, 1024), (1, 1000, 1000)]:
+    a = torch.empty(M, K, dtype=torch.bfloat16)
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    for cfg in tiling:
+        name = cfg["name"]
+        cfg = {k: v for k, v in cfg.items() if k not in ("name", "impls")}
+        ck = L.compile_sm90_kernel(L.LN_OP, a, b, config=cfg)
+        res[f"{name}/{M}"] = dict(compile_only.summarize(ck), **L.ptxas_usage(ck))
+print(json.dumps(res))
+"""
+
+
+def test_layernorm_compile_sm90_shipped():
+    res = run_python_json(LN_COMPILE_CODE, timeout=600)
+    assert len(res) == 2 * 3
+    for name, s in res.items():
+        assert s["smem_ok"], (name, s)
+        assert s["spill_store_bytes"] == 0 and s["spill_load_bytes"] == 0, (name, s)
+        if name.endswith("/262144"):  # (at M=1 Helion clamps BLOCK_M: no wgmma there)
+            assert s["ptx_markers"]["wgmma"] > 0 and s["ptx_markers"]["tma_load"] > 0, (name, s)
+            # the nested 128x128 row block keeps 2 programs per SM (the flattened one would not: 212 registers)
+            assert s["ctas_per_sm"] == (2 if "128x128" in name else 1), (name, s)
+
+
+def test_layernorm_bad_inputs():
+    from normfuse.testing import assert_rejects_bad_inputs
+
+    def f(a, b, config=None):
+        n = b.shape[-1] if hasattr(b, "shape") else 16
+        return L.lazy_layernorm_matmul(a, b, torch.zeros(n), torch.zeros(n), config=config)
+
+    assert_rejects_bad_inputs(f, torch.float32, {"block_sizes": [48, 64, 64]})
+    a, b = torch.randn(8, 16), torch.randn(16, 24)
+    cs = torch.zeros(24)
+    with pytest.raises(ValueError, match=r"colsum must have shape \[N\]"):
+        L.lazy_layernorm_matmul(a, b, torch.zeros(16), cs)
+    with pytest.raises(TypeError, match="beta_b must be float32"):
+        L.lazy_layernorm_matmul(a, b, cs, cs.double())
+    with pytest.raises(TypeError, match="colsum must be a torch.Tensor"):
+        L.lazy_layernorm_matmul(a, b, None, cs)
+    for eps in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="eps"):
+            L.lazy_layernorm_matmul(a, b, cs, cs, eps=eps)
+    with pytest.raises(ValueError, match="not offered"):
+        L.lazy_layernorm_matmul(a, b, cs, cs, config={"sumsq": "shared_tile"})
+    if not IN_REF_MODE:
+        with pytest.raises(ValueError, match="HELION_INTERPRET"):
+            L.lazy_layernorm_matmul(a, b, cs, cs)

@@ -312,3 +312,176 @@ def test_compile_sm90_argument_errors():
         ktl.compile_sm90("matmul", a_mis, b)
     with pytest.raises(ValueError, match="eps"):
         ktl.compile_sm90("lazy_rmsnorm_matmul", a, b, eps=0.0)
+
+
+# --------------------------------------------------------------------------------------------------------
+# 4. LayerNorm (lazy_layernorm_matmul): interpreter semantics, sm_90 compile and pipelining, errors
+# --------------------------------------------------------------------------------------------------------
+_LN_INTERP_SCRIPT = r"""
+import json, os
+assert os.environ.get("TRITON_INTERPRET") == "1"
+import torch
+from normfuse.techniques import lazy_prenorm as T
+from kernels_triton.lazy_prenorm import lazy_layernorm_matmul, SCHEDULE_CHOICES
+
+SMALL = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+# M=1; K, N not multiples of the block (K tail: the shifted sums must mask the padding); the minimum block with
+# EVEN_K; N < BLOCK_N (the row-block N loop is empty after the peeled tile); K < BLOCK_K
+CASES = [
+    (1, 72, 72, {}),
+    (37, 72, 72, {}),
+    (64, 64, 64, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1)),
+    (67, 24, 48, dict(BLOCK_N=64, BLOCK_K=16, GROUP_M=8, num_stages=1)),
+    (33, 40, 16, dict(BLOCK_K=64)),
+]
+EPS = 1e-5
+results = []
+
+def run(inp, cfg, eps=EPS):
+    return lazy_layernorm_matmul(inp["a"], inp["b_folded"], inp["colsum"], inp["beta_b"], eps=eps, config=cfg)
+
+for dtype in ("fp32", "fp16"):
+    for M, N, K, extra in CASES:
+        for shift in (0.0, 100.0):
+            inp = T.make_inputs(M, N, K, dtype=dtype, seed=M + N + K, variant="layernorm", mean_shift=shift)
+            ref = T.reference(inp, EPS, "layernorm")
+            tol = T.tolerance(ref, T.unfused_torch(inp, EPS, "layernorm"))
+            combos = ([(s, q) for s in SCHEDULE_CHOICES for q in ("reload", "prepass", "shared_tile")] if shift == 0
+                      else [("tile", "reload"), ("rowblock", "prepass"), ("rowblock_nested", "reload")])
+            for schedule, sumsq in combos:
+                out = run(inp, {**SMALL, **extra, "sumsq": sumsq, "schedule": schedule})
+                assert out.dtype == inp["a"].dtype and out.shape == (M, N), (out.dtype, out.shape)
+                results.append(dict(dtype=dtype, shape=[M, N, K], shift=shift, sumsq=sumsq, schedule=schedule,
+                                    **T.compare(out, ref, tol)))
+
+# eps is honoured (a large eps changes the answer visibly), per epilogue
+inp = T.make_inputs(37, 72, 72, dtype="fp32", seed=1, variant="layernorm")
+ref = T.reference(inp, 0.5, "layernorm")
+for schedule, sumsq in [("tile", "reload"), ("rowblock", "prepass"), ("rowblock_nested", "reload")]:
+    r = T.compare(run(inp, {**SMALL, "sumsq": sumsq, "schedule": schedule}, eps=0.5), ref,
+                  T.tolerance(ref, T.unfused_torch(inp, 0.5, "layernorm")))
+    results.append(dict(dtype="fp32", shape=[37, 72, 72], shift=0.0, sumsq=f"{sumsq} eps=0.5", schedule=schedule, **r))
+
+# negative controls: without the mean correction (colsum = 0) or without beta (beta_b = 0) the check must fail,
+# for both epilogues
+inp = T.make_inputs(37, 72, 72, dtype="fp32", seed=2, variant="layernorm", mean_shift=10.0)
+ref = T.reference(inp, EPS, "layernorm")
+tol = T.tolerance(ref, T.unfused_torch(inp, EPS, "layernorm"))
+neg = []
+for schedule in ("tile", "rowblock"):
+    cfg = {**SMALL, "sumsq": "reload", "schedule": schedule}
+    for broken in ("colsum", "beta_b"):
+        x = dict(inp, **{broken: torch.zeros_like(inp[broken])})
+        neg.append(T.compare(run(x, cfg), ref, tol)["ok"])
+print(json.dumps(dict(results=results, negative_controls=neg)))
+"""
+
+
+def test_layernorm_interpreter_semantics():
+    out = run_python_json(_LN_INTERP_SCRIPT, env={"TRITON_INTERPRET": "1"}, timeout=600)
+    bad = [r for r in out["results"] if not r["ok"]]
+    assert not bad, json.dumps(bad, indent=1)
+    assert len(out["results"]) == 2 * 5 * (9 + 3) + 3
+    assert {r["schedule"] for r in out["results"]} == set(SCHEDULE_CHOICES)
+    assert out["negative_controls"] == [False] * 4, "the check cannot tell a missing mean / beta term"
+
+
+_LN_COMPILE_SCRIPT = r"""
+import json, re, subprocess, sys, tempfile, torch, yaml
+from pathlib import Path
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_triton.lazy_prenorm import compile_sm90_kernel
+from triton.backends.nvidia.compiler import get_ptxas
+
+def ptxas(ck):
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ck.asm["ptx"])
+        p = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                           capture_output=True, text=True)
+    log = p.stdout + p.stderr
+    return {"rc": p.returncode, "serialized": "C7515" in log,
+            "spills": [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]}
+
+out = {}
+for (M, N, K) in [(262144, 1024, 1024), (1, 1000, 1000)]:
+    a = torch.empty(M, K, dtype=torch.bfloat16)
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    for schedule in ("tile", "rowblock", "rowblock_nested"):
+        for sumsq in ("reload", "prepass"):
+            ck = compile_sm90_kernel("lazy_layernorm_matmul", a, b, eps=1e-5, config={"sumsq": sumsq, "schedule": schedule})
+            out[f"{schedule}/{sumsq}/{M}x{N}x{K}"] = dict(compile_only.summarize(ck), ttgir=ck.asm["ttgir"])
+# every shipped LayerNorm tiling at the blog shape: no spills, no ptxas wgmma serialization
+tiling = yaml.safe_load(Path("configs/tiling/lazy_prenorm_ln_h200.yaml").read_text())["triton"]
+a = torch.empty(262144, 2048, dtype=torch.bfloat16)
+b = torch.empty(2048, 512, dtype=torch.bfloat16)
+for cfg in tiling:
+    cfg = {k: v for k, v in cfg.items() if k not in ("name", "impls")}
+    ck = compile_sm90_kernel("lazy_layernorm_matmul", a, b, eps=1e-5, config=cfg)
+    out["shipped/" + cfg["schedule"] + "/" + cfg["sumsq"]] = dict(compile_only.summarize(ck), **ptxas(ck), ttgir="")
+print(json.dumps(out))
+"""
+
+
+def test_layernorm_compile_sm90_and_pipelining():
+    from normfuse.compile_only import SMEM_LIMIT_BYTES
+
+    out = run_python_json(_LN_COMPILE_SCRIPT, timeout=400)
+    cfg = DEFAULT_CONFIG
+    ns, bm, bn = cfg.num_stages, cfg.BLOCK_M, cfg.BLOCK_N
+    assert len([k for k in out if k.startswith("shipped/")]) == 3
+    for name, s in out.items():
+        assert s["ptx_markers"]["wgmma"] > 0 and s["ptx_markers"]["tma_load"] > 0, name
+        assert s["shared_bytes"] <= SMEM_LIMIT_BYTES and s["smem_ok"], (name, s["shared_bytes"])
+        if name.startswith("shipped/"):
+            assert s["rc"] == 0 and not s["serialized"] and s["spills"] == [0], (name, s)
+            continue
+        schedule, sumsq, shape = name.split("/")
+        if shape != "262144x1024x1024":
+            continue
+        ttgir = s["ttgir"]
+        mma_loops = [b for b in _scf_for_bodies(ttgir) if "ttng.warp_group_dot " in b]
+        inner = [b for b in mma_loops if b.count("scf.for") == 1]
+        assert len(inner) == (2 if sumsq == "reload" and schedule != "tile" else 1), name
+        for body in inner:  # every MMA K loop pipelined like the GEMM's: ns-deep TMA rings, async wgmma in flight
+            assert f"tt.num_stages = {ns} : i32" in body.splitlines()[-1], name
+            assert "isAsync = true" in body and "pendings = 1" in body, name
+            assert body.count("ttng.async_tma_copy_global_to_local") == 2, name
+        ext_dot = f"tensor<{bm}x16xbf16"  # the rank-1 epilogue MMA: A_ext [BLOCK_M, 16]
+        if schedule == "rowblock":  # flattened: broadcast epilogue inside the loop, the extra MMA only when peeled
+            flat = [b for b in inner if "ttng.async_tma_copy_local_to_global" in b]
+            assert len(flat) == 1 and flat[0].count("ttng.warp_group_dot ") == 1, name
+            assert (ext_dot in ttgir) == (sumsq == "reload"), name
+        else:  # tile / nested: the extra MMA after the K loop, K = 16, B = the [16, BLOCK_N] colsum / beta_b splits
+            assert ext_dot in ttgir and f"memdesc<16x{bn}xbf16" in ttgir, name
+            assert not any(ext_dot in b for b in inner), name
+
+
+def _ln_args(M=16, K=16, N=16, dtype=torch.float16):
+    a, b = _ab(M, K, N, dtype)
+    return a, b, torch.zeros(N), torch.zeros(N)
+
+
+def test_layernorm_input_errors():
+    from normfuse.testing import assert_rejects_bad_inputs
+
+    def f(a, b, config=None):  # valid epilogue vectors for whatever N b has
+        n = b.shape[-1] if hasattr(b, "shape") else 16
+        return ktl.lazy_layernorm_matmul(a, b, torch.zeros(n), torch.zeros(n), config=config)
+
+    assert_rejects_bad_inputs(f, torch.float16, {"BLOCK_M": 48})
+    a, b, cs, bb = _ln_args()
+    with pytest.raises(ValueError, match="CUDA"):  # valid inputs, but CPU tensors without the interpreter
+        ktl.lazy_layernorm_matmul(a, b, cs, bb)
+    with pytest.raises(ValueError, match=r"colsum must have shape \[N\]"):
+        ktl.lazy_layernorm_matmul(a, b, torch.zeros(8), bb)
+    with pytest.raises(TypeError, match="beta_b must be float32"):
+        ktl.lazy_layernorm_matmul(a, b, cs, bb.half())
+    with pytest.raises(TypeError, match="colsum must be a torch.Tensor"):
+        ktl.lazy_layernorm_matmul(a, b, cs.numpy(), bb)
+    for eps in (0.0, -1e-6, float("nan"), "1e-5", None, True):
+        with pytest.raises(ValueError, match="eps"):
+            ktl.lazy_layernorm_matmul(a, b, cs, bb, eps=eps)
+    with pytest.raises(ValueError, match="colsum"):  # compile-only validates the vectors it is given
+        ktl.compile_sm90("lazy_layernorm_matmul", a.bfloat16(), b.bfloat16(), torch.zeros(3), bb)
