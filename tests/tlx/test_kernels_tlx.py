@@ -394,7 +394,7 @@ def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake")
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **k: (fn(), 1.0)[1])
-    rc = ktlx._self_check(["--hang-timeout", "60"])
+    rc = ktlx._self_check(["--variant", "rmsnorm", "--hang-timeout", "60"])
     out = capsys.readouterr().out
     assert rc == 1, out
     n_runs = len(SHIPPED_CONFIGS) * 2 * 2
@@ -404,6 +404,7 @@ def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
     for name in ("reuse_rstd", "reuse_rstd_bn128_s4"):  # the REUSE_RSTD configs are checked and timed too
         assert out.count(f"[run ] {name} ") == 2 * 2, out
         assert f"tlx fused  [{name}]" in out and f"tlx matmul [{name}]" in out, out
+    # --config alone selects among both variants' configs (these are RMSNorm ones, so only RMSNorm runs)
     assert ktlx._self_check(["--config", "reuse_rstd", "--config", "reuse_rstd_bn128_s4", "--no-bench"]) == 0
     assert ktlx._self_check(["--config", "default", "--no-bench"]) == 0
 
@@ -432,4 +433,189 @@ def test_shipped_configs_correct_on_gpu(name):
             r = measure(req)
             if r["status"] != "ok":
                 failures.append(f"{name}/{impl} at {M}x{N}x{K}: {r['status']} {r.get('error', '')}")
+    assert not failures, "\n".join(failures)
+
+
+# --------------------------------------------------------------------------------------------------------
+# 4. LayerNorm (lazy_layernorm_matmul): compile-only for sm_90, configs, errors, self-check, GPU
+# --------------------------------------------------------------------------------------------------------
+_LN_COMPILE_SCRIPT = r"""
+import json, re, subprocess, sys, tempfile, torch
+from pathlib import Path
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_tlx import lazy_prenorm as K
+from triton.backends.nvidia.compiler import get_ptxas
+
+configs, shapes = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+out = {}
+for name, cfg in configs.items():
+    for (M, N, Kd) in shapes:
+        a = torch.empty(M, Kd, dtype=torch.bfloat16)
+        b = torch.empty(Kd, N, dtype=torch.bfloat16)
+        s = K.compile_sm90("lazy_layernorm_matmul", a, b, eps=1e-5, config=cfg)
+        # registers / spills of the whole kernel (ptxas -v on the PTX)
+        c = torch.empty(M, N, dtype=torch.bfloat16)
+        cfg_t = K.TilingConfig.from_dict(cfg)
+        args, grid, kw = K._launch_args(a, b, c, 1e-5, True, cfg_t, K.H200_NUM_SMS, (torch.empty(N), torch.empty(N)))
+        ck = K._lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kw)
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "k.ptx"
+            src.write_text(ck.asm["ptx"])
+            p = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                               capture_output=True, text=True)
+        log = p.stdout + p.stderr
+        s["spill_stores"] = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", log))
+        s["serialized"] = "C7515" in log
+        s["fence_proxy_async"] = ck.asm["ptx"].count("fence.proxy.async")
+        s["k16_register_a"] = len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16 \{[^}]*\}, \{",
+                                             ck.asm["ptx"]))
+        out[f"{name}/{M}x{N}x{Kd}"] = s
+print(json.dumps(out))
+"""
+# the shipped LayerNorm configs, plus the broadcast epilogue without REUSE_RSTD and with BLOCK_N = 128
+LN_COMPILE_CONFIGS = {**ktlx.SHIPPED_LN_CONFIGS,
+                      "bcast_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, LN_EPILOGUE_MMA=False),
+                      "mma_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4)}
+LN_COMPILE_SHAPES = [(262144, 1024, 1024), (1, 1000, 1000), (17793, 1000, 1000)]  # EVEN_K, K tail, K tail
+
+
+@pytest.fixture(scope="module")
+def ln_compiled() -> dict:
+    cfgs = json.dumps({k: v.to_dict() for k, v in LN_COMPILE_CONFIGS.items()})
+    return run_python_json(_LN_COMPILE_SCRIPT, cfgs, json.dumps(LN_COMPILE_SHAPES), timeout=300)
+
+
+def test_ln_shipped_configs():
+    assert set(ktlx.SHIPPED_LN_CONFIGS) == {"ln_reuse_rstd_subtile", "ln_subtile", "ln_reuse_rstd_broadcast"}
+    for name, cfg in ktlx.SHIPPED_LN_CONFIGS.items():
+        assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name
+        assert cfg.smem_bytes(layernorm=True) <= SMEM_LIMIT_BYTES, name
+    # the default tile with the extra-MMA epilogue does not fit without EPILOGUE_SUBTILE
+    assert DEFAULT_CONFIG.LN_EPILOGUE_MMA and DEFAULT_CONFIG.smem_bytes(layernorm=True) > SMEM_LIMIT_BYTES
+    assert DEFAULT_CONFIG.smem_bytes(layernorm=False) == DEFAULT_CONFIG.smem_bytes()
+
+
+@pytest.mark.parametrize("name", list(LN_COMPILE_CONFIGS))
+@pytest.mark.parametrize("shape", LN_COMPILE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_ln_compile_sm90(ln_compiled, name, shape):
+    cfg = LN_COMPILE_CONFIGS[name]
+    M, N, K = shape
+    s = ln_compiled[f"{name}/{M}x{N}x{K}"]
+    m, x = s["ptx_markers"], s["ptx_extra"]
+    assert m["wgmma"] > 0 and m["tma_load"] > 0 and m["mbarrier"] > 0 and m["setmaxnreg"] > 0, s
+    assert s["shared_bytes"] <= SMEM_LIMIT_BYTES and s["smem_ok"], s
+    assert s["shared_bytes"] <= s["smem_estimate"] <= s["shared_bytes"] + 4096, s
+    assert s["num_warps"] == cfg.num_warps_total, s
+    assert x["mbarrier_arrive_expect_tx"] == 1 and x["wgmma_wait_1"] == cfg.NUM_CONSUMERS, s
+    # the statistics read the A tile from shared memory while the wgmma is in flight; REUSE_RSTD skips them
+    assert x["ld_shared_during_wgmma"] >= 8, s
+    assert x["branch_after_wgmma_commit"] == (cfg.NUM_CONSUMERS if cfg.REUSE_RSTD else 0), s
+    assert not s["serialized"], s  # ptxas did not serialize the wgmmas (C7515)
+    if cfg.LN_EPILOGUE_MMA:
+        # one more (k16, register-A) wgmma per consumer, waited for; its shared B operand fenced for the async proxy
+        assert s["k16_register_a"] == cfg.NUM_CONSUMERS and x["wgmma_wait_0"] == 2 * cfg.NUM_CONSUMERS, s
+        assert s["fence_proxy_async"] >= 1 and s["spill_stores"] == 0, s
+        assert x["ldmatrix"] <= cfg.NUM_CONSUMERS, s  # only the 64x16 A operand goes through ldmatrix
+    else:
+        assert s["k16_register_a"] == 0 and x["wgmma_wait_0"] == cfg.NUM_CONSUMERS, s
+        assert x["ldmatrix"] == 0, s  # the accumulator is never converted (64-column chunks)
+        # the broadcast epilogue: every thread holds its columns' colsum / beta_b values; at BLOCK_N = 256 ptxas
+        # spills (the reason LN_EPILOGUE_MMA is the default), at 128 it does not
+        assert (s["spill_stores"] > 0) == (cfg.BLOCK_N == 256), s
+
+
+def test_ln_compile_costs_little_over_rmsnorm(compiled, ln_compiled):
+    # the broadcast twin of reuse_rstd: the same kernel plus the d buffers (BLOCK_M fp32) and nothing else
+    r = compiled[f"reuse_rstd/lazy_rmsnorm_matmul/262144x1024x1024"]["shared_bytes"]
+    ln = ln_compiled["ln_reuse_rstd_broadcast/262144x1024x1024"]["shared_bytes"]
+    assert 0 < ln - r <= 128 * 4 + 256, (r, ln)
+
+
+def test_ln_input_errors():
+    from normfuse.testing import assert_rejects_bad_inputs
+
+    def f(a, b, config=None):
+        n = b.shape[-1] if hasattr(b, "shape") else 16
+        return ktlx.lazy_layernorm_matmul(a, b, torch.zeros(n), torch.zeros(n), config=config)
+
+    assert_rejects_bad_inputs(f, torch.bfloat16, {"BLOCK_M": 96})
+    a, b = _ab()
+    cs = torch.zeros(16)
+    with pytest.raises(ValueError, match="CUDA"):  # valid inputs, but CPU tensors (TLX has no interpreter)
+        ktlx.lazy_layernorm_matmul(a, b, cs, cs, config=ktlx.SHIPPED_LN_CONFIGS["ln_subtile"])
+    with pytest.raises(ValueError, match=r"colsum must have shape \[N\]"):
+        ktlx.lazy_layernorm_matmul(a, b, torch.zeros(8), cs)
+    with pytest.raises(TypeError, match="beta_b must be float32"):
+        ktlx.lazy_layernorm_matmul(a, b, cs, cs.bfloat16())
+    with pytest.raises(TypeError, match="bf16 and fp16"):
+        ktlx.lazy_layernorm_matmul(a.float(), b.float(), cs, cs)
+    for eps in (0.0, -1e-6, float("nan"), "1e-5", None, True):
+        with pytest.raises(ValueError, match="eps"):
+            ktlx.lazy_layernorm_matmul(a, b, cs, cs, eps=eps)
+    with pytest.raises(ValueError, match="shared memory"):  # default tile + extra-MMA epilogue: > 227 KB
+        ktlx.compile_sm90("lazy_layernorm_matmul", a, b)
+    with pytest.raises(ValueError, match="LN_EPILOGUE_MMA must be a bool"):
+        TilingConfig.from_dict({"LN_EPILOGUE_MMA": 1})
+
+
+def test_ln_self_check_dry_run_on_cpu(monkeypatch, capsys):
+    """The LayerNorm part of ``python -m kernels_tlx.lazy_prenorm`` end to end on the CPU with torch stand-ins;
+    one stand-in forgets the mean correction for one config: reported, exit code 1."""
+    import triton.testing
+
+    from normfuse.techniques import lazy_prenorm as T
+
+    def fake_matmul(a, b, *, config=None):
+        return (a.float() @ b.float()).to(a.dtype)
+
+    def fake_ln(a, b, colsum, beta_b, *, eps=1e-5, config=None):
+        if config is ktlx.SHIPPED_LN_CONFIGS["ln_subtile"]:
+            colsum = torch.zeros_like(colsum)  # deliberately wrong: no mean correction
+        return T.lazy_layernorm_emulated(a, b, colsum, beta_b, eps).to(a.dtype)
+
+    monkeypatch.setattr(ktlx, "_DEVICE", "cpu")
+    monkeypatch.setattr(ktlx, "_CHECK_SHAPES", [(1, 24, 40), (70, 48, 16)])
+    monkeypatch.setattr(ktlx, "_LN_SHIFT_CASES", [(33, 24, 40, 10.0)])
+    monkeypatch.setattr(ktlx, "_BENCH_SHAPES", [(64, 32, 32)])
+    monkeypatch.setattr(ktlx, "matmul", fake_matmul)
+    monkeypatch.setattr(ktlx, "lazy_layernorm_matmul", fake_ln)
+    monkeypatch.setattr(ktlx, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake")
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **k: (fn(), 1.0)[1])
+    rc = ktlx._self_check(["--variant", "layernorm", "--hang-timeout", "60"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    n_ln = len(ktlx.SHIPPED_LN_CONFIGS)
+    # per config: 2 shapes x (matmul + fused) + 1 shifted case (fused only)
+    assert out.count("[run ]") == 5 * n_ln and out.count(" ok  ") == 5 * n_ln - 3, out
+    assert "3 FAILURE(S): ln_subtile lazy_layernorm_matmul" in out and "shift=10" in out, out
+    assert "torch eager layernorm" in out and out.count(" TFLOP/s\n") == 1 + 2 * n_ln, out
+    assert ktlx._self_check(["--variant", "layernorm", "--config", "ln_reuse_rstd_subtile", "--no-bench"]) == 0
+    with pytest.raises(SystemExit):  # an RMSNorm config under --variant layernorm selects nothing
+        ktlx._self_check(["--variant", "layernorm", "--config", "default", "--no-bench"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(ktlx.SHIPPED_LN_CONFIGS))
+def test_ln_shipped_configs_correct_on_gpu(name):
+    from normfuse.gpu_checks import ODD_SHAPES
+    from normfuse.worker import measure
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TLX kernel targets sm_90 (wgmma, setmaxnreg)")
+    cfg = ktlx.SHIPPED_LN_CONFIGS[name].to_dict()
+    failures = []
+    shapes = list(ODD_SHAPES) + [(17793, 1000, 1000)]  # + the REUSE_RSTD tail shape
+    for options in ({}, {"mean_shift": 10.0}):
+        for seed, (M, N, K) in enumerate(shapes):
+            req = {"technique": "lazy_prenorm", "variant": "layernorm", "dsl": "tlx", "impl": "fused", "M": M,
+                   "N": N, "K": K, "dtype": "bf16", "eps": 1e-5, "config": cfg, "mode": "gpu", "seed": 2000 + seed,
+                   "check_only": True, "options": options}
+            r = measure(req)
+            if r["status"] != "ok":
+                failures.append(f"{name} at {M}x{N}x{K} {options}: {r['status']} {r.get('error', '')}")
     assert not failures, "\n".join(failures)
