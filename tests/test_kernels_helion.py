@@ -300,7 +300,9 @@ def test_helion_range_lists_have_a_leading_grid_entry():
     a, b = _cpu(512, 256, 256)
     cfg = L.TilingConfig(pid_type="persistent_interleaved", persistent_flatten=True)
     for key, kernel in L._KERNELS.items():
-        args = (a, b) if key[0] == "matmul" else (a, b, 1e-6)
+        n = b.shape[1]
+        args = ((a, b) if key[0] == "matmul" else (a, b, torch.empty(n), torch.empty(n), 1e-6) if key[0] == L.LN_OP
+                else (a, b, 1e-6))
         spec = kernel.bind(args).config_spec
         loops = L.DEVICE_LOOPS[key]
         assert len(spec.range_flattens) == len(spec.range_unroll_factors) == 1 + len(loops), key

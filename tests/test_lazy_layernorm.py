@@ -244,3 +244,28 @@ def test_cancellation_experiment_bounds():
     # the epilogue cancellation grows about linearly with the shift (and is the only thing that grows)
     assert fp32[1000.0] > 30 * fp32[10.0] and fp32[1000.0] < 1e-6 * 1001
     assert math.isfinite(rows[-1]["naive"]["rel_err"])
+
+
+@pytest.mark.slow
+def test_layernorm_sweep_end_to_end_on_cpu(repo_root, subprocess_env, tmp_path):
+    """experiment=lazy_prenorm_ln through the whole CPU path (runner -> workers): the variant reaches make_inputs,
+    kernel_call and compile_only (Triton interpreter at fp16, Helion ref mode, TLX compiled for sm_90)."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    cmd = [sys.executable, "-m", "experiments.run", "experiment=lazy_prenorm_ln", "shape=smoke",
+           f"results_dir={tmp_path}", "run_id=t", "hydra.run.dir=" + str(tmp_path / "hydra"), "baselines=[cublas]",
+           "+technique.options={mean_shift: 10.0}",
+           "tiling.triton=[{name: b32, BLOCK_M: 32, BLOCK_N: 32, BLOCK_K: 32, GROUP_M: 4, num_warps: 4, num_stages: 2,"
+           " sumsq: reload, schedule: rowblock_nested}]",
+           "tiling.helion=[{name: ref-mode, sumsq: rowblock}]",
+           "tiling.tlx=[{name: ln-sub, EPILOGUE_SUBTILE: true, REUSE_RSTD: true}]"]
+    p = subprocess.run(cmd, cwd=repo_root, env=subprocess_env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    df = pd.read_parquet(tmp_path / "lazy_prenorm_ln" / "t" / "results.parquet")
+    assert set(df["variant"]) == {"layernorm"} and set(df["dsl"]) == {"torch", "triton", "helion", "tlx"}
+    assert set(df["status"]) <= {"ok", "compile_only"}, df[["dsl", "impl", "M", "status", "error"]].to_string()
+    assert (df[df.dsl == "tlx"]["status"] == "compile_only").all()
+    assert len(df[(df.impl == "fused") & (df.status == "ok")]) == 2 * 3  # triton + helion, 3 smoke shapes
