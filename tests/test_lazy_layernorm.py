@@ -269,3 +269,21 @@ def test_layernorm_sweep_end_to_end_on_cpu(repo_root, subprocess_env, tmp_path):
     assert set(df["status"]) <= {"ok", "compile_only"}, df[["dsl", "impl", "M", "status", "error"]].to_string()
     assert (df[df.dsl == "tlx"]["status"] == "compile_only").all()
     assert len(df[(df.impl == "fused") & (df.status == "ok")]) == 2 * 3  # triton + helion, 3 smoke shapes
+
+
+def test_summary_has_no_blog_column_for_layernorm():
+    """The blog's B200 numbers are RMSNorm's: the LayerNorm summary must not show them as its reference."""
+    import pandas as pd
+
+    from normfuse import metrics, report
+
+    rows = []
+    for variant in ("layernorm", "rmsnorm"):
+        base = {"technique": "lazy_prenorm", "variant": variant, "M": 262144, "N": 512, "K": 512, "dtype": "bf16",
+                "status": "ok", "experiment": "x", "config_name": "c", "error": None}
+        rows.append([{**base, "dsl": "torch", "impl": "cublas", "p50_ms": 1.0},
+                     {**base, "dsl": "torch", "impl": "torch_compile_norm", "p50_ms": 0.3},
+                     {**base, "dsl": "tlx", "impl": "gemm", "p50_ms": 1.1},
+                     {**base, "dsl": "tlx", "impl": "fused", "p50_ms": 1.2}])
+    ln, rms = (report.summary(metrics.add_hidden(metrics.add_rates(pd.DataFrame(r))), "gpu") for r in rows)
+    assert "blog B200 %" not in ln and "blog B200 %" in rms
