@@ -68,8 +68,11 @@ on the reused N-tiles exactly as for RMSNorm. The epilogue stores ``rstd`` and `
 shared buffers and then, by default (``TilingConfig.LN_EPILOGUE_MMA``), adds the rank-1 correction with one
 more ``m64 k16`` wgmma: A from registers, ``[-c x3, -d1, -d1, -d2, s1, s1, s2, 0...]`` per row (input-dtype
 splits of ``d`` and ``1/rstd``; ``-c`` is exact), B a ``[16, BLOCK_N]`` shared buffer per consumer holding the
-input-dtype splits of the colsum / beta_b tile (written with ``local_store``, then ``fence.proxy.async`` and the
-warpgroup barrier before the wgmma), and finally scales by ``rstd`` like the RMSNorm epilogue. The alternative,
+input-dtype splits of the colsum / beta_b tile (loaded from global memory at the start of the tile, so that the
+latency hides behind the K loop; written with ``local_store``, then ``fence.proxy.async`` and the warpgroup
+barrier before the wgmma). That wgmma is queued behind the K loop's last one on the same accumulator, so the
+statistics, ``A_ext`` and ``B_ext`` are formed while the last MMA runs and one ``wait_group 0`` retires both;
+the epilogue then scales by ``rstd`` like the RMSNorm one. The alternative,
 broadcasting the colsum / beta_b tile in registers (``LN_EPILOGUE_MMA=False``), needs each thread to hold the
 values of all its accumulator columns (2 x 64 at BLOCK_N = 256): broadcast over the whole tile, the compiler
 converted the fp32 accumulator through shared memory (64 ``ldmatrix``, 64 KB scratch: over the 227 KB limit); in
@@ -365,14 +368,13 @@ def _ln_a_ext(shift, d, rstd, DT: tl.constexpr):
 
 
 @triton.jit
-def _ln_b_ext(colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr, DT: tl.constexpr):
-    """The [16, BLOCK_N] B operand of the rank-1 epilogue wgmma: rows ``cs1, cs2, cs3, cs1, cs2, cs1, bb1, bb2,
-    bb1`` and zeros, the ``DT`` splits of the colsum / beta_b tile. With ``_ln_a_ext``:
-    ``A_ext @ B_ext = -shift ⊗ colsum - d ⊗ colsum + (1/rstd) ⊗ beta_b`` (to ~24 bits in the shift term, whose
-    cancellation against the accumulator is the large one; ~16 bits in the others)."""
-    cols = off_n + tl.arange(0, BLOCK_N)
-    cs1, cs2, cs3 = _split3(tl.load(colsum_ptr + cols, mask=cols < N, other=0.0), DT)
-    bb1, bb2, _ = _split3(tl.load(betab_ptr + cols, mask=cols < N, other=0.0), DT)
+def _ln_b_ext(cs, bb, DT: tl.constexpr):
+    """The [16, BLOCK_N] B operand of the rank-1 epilogue wgmma from the fp32 colsum / beta_b tile ``cs``, ``bb``
+    [BLOCK_N]: rows ``cs1, cs2, cs3, cs1, cs2, cs1, bb1, bb2, bb1`` and zeros, their ``DT`` splits. With
+    ``_ln_a_ext``: ``A_ext @ B_ext = -shift ⊗ colsum - d ⊗ colsum + (1/rstd) ⊗ beta_b`` (to ~24 bits in the shift
+    term, whose cancellation against the accumulator is the large one; ~16 bits in the others)."""
+    cs1, cs2, cs3 = _split3(cs, DT)
+    bb1, bb2, _ = _split3(bb, DT)
     j = tl.arange(0, 16)[:, None]
     b = tl.where((j == 0) | (j == 3) | (j == 5), cs1[None, :], tl.zeros([16, 1], DT))
     b = tl.where((j == 1) | (j == 4), cs2[None, :], b)
@@ -515,6 +517,10 @@ def _lazy_prenorm_ws_kernel(
                     srows = tl.minimum(off_cm, M - 1) + tl.arange(0, BM_C)
                     shift = tl.load(a_ptr + srows.to(tl.int64) * K, mask=srows < M, other=0.0).to(tl.float32)
                     s1 = tl.zeros([BM_C], dtype=tl.float32)
+                    if LN_EPILOGUE_MMA:  # the epilogue's colsum / beta_b tile, loaded now: its latency hides
+                        vcols = off_n + tl.arange(0, BLOCK_N)  # behind the K loop (2 + 2 registers a thread)
+                        cs_t = tl.load(colsum_ptr + vcols, mask=vcols < N, other=0.0)
+                        bb_t = tl.load(betab_ptr + vcols, mask=vcols < N, other=0.0)
                 s_prev = 0
                 for ki in range(0, k_tiles):
                     s = it % NUM_STAGES
@@ -546,10 +552,9 @@ def _lazy_prenorm_ws_kernel(
                         tlx.barrier_arrive(empty_bars[s_prev])
                     s_prev = s
                     it += 1
-                acc = tlx.async_dot_wait(0, acc)
-                tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
-
                 if LAYERNORM:
+                    # (the K loop's last wgmma may still be in flight: the statistics and the epilogue operands are
+                    # formed meanwhile)
                     rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD they outlive the tile
                     d_buf = d_bufs[cid]
                     if REUSE_RSTD:
@@ -559,14 +564,19 @@ def _lazy_prenorm_ws_kernel(
                         _ln_store_scales(rstd_buf, d_buf, s1, ss, K, eps)
                     if LN_EPILOGUE_MMA:
                         # acc += A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b: one m64 k16 wgmma, A from
-                        # registers, B (the split colsum / beta_b tile) through this consumer's shared buffer
+                        # registers, B (the split colsum / beta_b tile) through this consumer's shared buffer,
+                        # queued behind the last K-step wgmma (the same accumulator chain as the K loop)
                         dt: tl.constexpr = tlx.dtype_of(b_desc)
-                        bext_buf = bext_bufs[cid]
+                        bext_buf = bext_bufs[cid]  # its previous reader, the last tile's epilogue wgmma, has retired
                         a_ext = _ln_a_ext(shift, tlx.local_load(d_buf), tlx.local_load(rstd_buf), dt)
-                        tlx.local_store(bext_buf, _ln_b_ext(colsum_ptr, betab_ptr, off_n, N, BLOCK_N, dt))
+                        tlx.local_store(bext_buf, _ln_b_ext(cs_t, bb_t, dt))
                         tlx.fence("async_shared")  # generic-proxy stores -> the wgmma's async-proxy reads
                         acc = tlx.async_dot(a_ext, bext_buf, acc)
-                        acc = tlx.async_dot_wait(0, acc)
+                acc = tlx.async_dot_wait(0, acc)
+                tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
+
+                if LAYERNORM:
+                    if LN_EPILOGUE_MMA:
                         acc = acc * tlx.local_load(rstd_buf)[:, None]
                     else:
                         rstd_rows = tlx.local_load(rstd_buf)

@@ -99,7 +99,8 @@ Two epilogues:
   ``acc += A_ext @ B_ext`` with one more ``tl.dot`` of K = 16, then ``acc * rstd``. ``A_ext [BLOCK_M, 16]`` holds
   per row ``-c`` (exact: an element of A), ``-d`` and ``1/rstd`` split into input-dtype parts; ``B_ext [16,
   BLOCK_N]`` the matching input-dtype splits of the colsum / beta_b tile (3 parts for colsum: ~24 bits, the shift
-  term is the one that cancels against ``acc``). Each thread then needs no per-column values at all; a register
+  term is the one that cancels against ``acc``). The colsum / beta_b tile is loaded before the tile's K loop (its
+  latency hides behind the loop). Each thread then needs no per-column values at all; a register
   broadcast needs the colsum and beta_b values of all its accumulator columns (64 + 64 per thread at 128x256,
   8 warps), i.e. about as many extra shared/L1 loads per tile as the tile has columns per thread.
 * **broadcast** (``schedule="rowblock"``, the flattened N x K loop): the colsum / beta_b tile is loaded and
@@ -357,14 +358,22 @@ def _ln_a_ext(shift, d, rstd, DT: tl.constexpr):
 
 
 @triton.jit
-def _ln_b_ext(colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr, DT: tl.constexpr):
-    """The [16, BLOCK_N] B operand of the rank-1 epilogue MMA: rows ``cs1, cs2, cs3, cs1, cs2, cs1, bb1, bb2, bb1``
-    and zeros, the ``DT`` splits of the colsum / beta_b tile. With ``_ln_a_ext``:
+def _ln_vectors(colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr):
+    """The fp32 colsum / beta_b tile [BLOCK_N] of the output columns ``off_n ...`` (0 past N). The extra-MMA
+    epilogue loads it before the tile's K loop, so that its latency hides behind the loop."""
+    cols = off_n + tl.arange(0, BLOCK_N)
+    return (tl.load(colsum_ptr + cols, mask=cols < N, other=0.0),
+            tl.load(betab_ptr + cols, mask=cols < N, other=0.0))
+
+
+@triton.jit
+def _ln_b_ext(cs, bb, DT: tl.constexpr):
+    """The [16, BLOCK_N] B operand of the rank-1 epilogue MMA from the fp32 colsum / beta_b tile ``cs``, ``bb``:
+    rows ``cs1, cs2, cs3, cs1, cs2, cs1, bb1, bb2, bb1`` and zeros, their ``DT`` splits. With ``_ln_a_ext``:
     ``A_ext @ B_ext = -shift ⊗ colsum - d ⊗ colsum + (1/rstd) ⊗ beta_b`` (to ~24 bits in the shift term, whose
     cancellation against ``acc`` is the large one, ~16 bits in the others)."""
-    cols = off_n + tl.arange(0, BLOCK_N)
-    cs1, cs2, cs3 = _split3(tl.load(colsum_ptr + cols, mask=cols < N, other=0.0), DT)
-    bb1, bb2, _ = _split3(tl.load(betab_ptr + cols, mask=cols < N, other=0.0), DT)
+    cs1, cs2, cs3 = _split3(cs, DT)
+    bb1, bb2, _ = _split3(bb, DT)
     j = tl.arange(0, 16)[:, None]
     b = tl.where((j == 0) | (j == 3) | (j == 5), cs1[None, :], tl.zeros([16, 1], DT))
     b = tl.where((j == 1) | (j == 4), cs2[None, :], b)
@@ -375,13 +384,13 @@ def _ln_b_ext(colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr, DT: tl.con
 
 
 @triton.jit
-def _ln_apply(acc, rstd, a_ext, colsum_ptr, betab_ptr, off_n, N, BLOCK_N: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+def _ln_apply(acc, rstd, a_ext, cs, bb, DOT_PRECISION: tl.constexpr):
     """LayerNorm epilogue on one [BLOCK_M, BLOCK_N] fp32 accumulator tile:
     ``rstd * (acc - mean ⊗ colsum + (1/rstd) ⊗ beta_b) = rstd * acc - (rstd * mean) ⊗ colsum + beta_b``, with the
-    rank-1 terms added by one extra K=16 MMA (``a_ext`` from ``_ln_a_ext``, B from ``_ln_b_ext``) so that no thread
-    has to hold its accumulator columns' colsum / beta_b values (64 of each per thread at BLOCK_N=256)."""
-    b_ext = _ln_b_ext(colsum_ptr, betab_ptr, off_n, N, BLOCK_N, a_ext.dtype)
+    rank-1 terms added by one extra K=16 MMA (``a_ext`` from ``_ln_a_ext``, B from ``_ln_b_ext`` of the colsum /
+    beta_b tile ``cs``, ``bb``) so that no thread has to hold its accumulator columns' colsum / beta_b values (64 of
+    each per thread at BLOCK_N=256)."""
+    b_ext = _ln_b_ext(cs, bb, a_ext.dtype)
     acc = tl.dot(a_ext, b_ext, acc, input_precision=DOT_PRECISION)
     return acc * rstd[:, None]
 
@@ -428,6 +437,8 @@ def _lazy_rmsnorm_matmul_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
             else:
                 ss += _tile_sumsq(a_rows_ptr, row_ok, k0, K, BLOCK_K)
 
+    if LN:  # the epilogue's colsum / beta_b tile, loaded before the K loop (latency hidden behind it)
+        cs, bb = _ln_vectors(colsum_ptr, betab_ptr, off_n, N, BLOCK_N)
     # "shared_tile": `a` feeds the dot AND the reduction (triton#6691 territory); "reload": a separate pointer
     # load of the same tile, so no loaded value has two consumers; "prepass": a plain GEMM loop
     acc, ss_loop, s1_loop = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K, BLOCK_M, BLOCK_N,
@@ -439,7 +450,7 @@ def _lazy_rmsnorm_matmul_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
         s1 += s1_loop
         rstd, d = _ln_row_scales(s1, ss, K, eps)
         a_ext = _ln_a_ext(shift, d, rstd, a_desc.dtype)
-        acc = _ln_apply(acc, rstd, a_ext, colsum_ptr, betab_ptr, off_n, N, BLOCK_N, DOT_PRECISION)
+        acc = _ln_apply(acc, rstd, a_ext, cs, bb, DOT_PRECISION)
     else:
         rstd = tl.math.rsqrt(ss / K + eps)  # not libdevice: it returns None in the interpreter
         acc = acc * rstd[:, None]
@@ -523,6 +534,8 @@ def _rowblock_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
     PEEL: tl.constexpr = SUMSQ == "shared_tile" or SUMSQ == "reload"
     if PEEL:
         # first N tile, peeled: the statistics come from its K loop
+        if LN:
+            cs, bb = _ln_vectors(colsum_ptr, betab_ptr, 0, N, BLOCK_N)
         acc, ss, s1 = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, 0, K,
                               BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, SUMSQ, shift, LN, EVEN_K)
     if LN:
@@ -532,13 +545,15 @@ def _rowblock_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
         rstd = tl.math.rsqrt(ss / K + eps)  # unused (and removed) when SUMSQ == "none"
     if PEEL:
         if LN:
-            acc = _ln_apply(acc, rstd, a_ext, colsum_ptr, betab_ptr, 0, N, BLOCK_N, DOT_PRECISION)
+            acc = _ln_apply(acc, rstd, a_ext, cs, bb, DOT_PRECISION)
             c_desc.store([off_m, 0], acc.to(c_desc.dtype))
         else:
             c_desc.store([off_m, 0], (acc * rstd[:, None]).to(c_desc.dtype))
 
     # the (remaining) N tiles: plain GEMM loops, rstd reused
     for off_n in tl.range(BLOCK_N if PEEL else 0, N, BLOCK_N, flatten=FLATTEN):
+        if LN and not FLATTEN:
+            cs, bb = _ln_vectors(colsum_ptr, betab_ptr, off_n, N, BLOCK_N)
         acc, _, _ = _k_loop(a_desc, b_desc, a_rows_ptr, row_ok, off_m, off_n, K,
                             BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_PRECISION, "none", shift, LN, EVEN_K)
         if SUMSQ != "none":
@@ -546,7 +561,7 @@ def _rowblock_kernel(a_desc, b_desc, c_desc, a_ptr, M, N, K, eps,
                 if FLATTEN:
                     acc = _ln_apply_broadcast(acc, rstd, d, shift, colsum_ptr, betab_ptr, off_n, N, BLOCK_N)
                 else:
-                    acc = _ln_apply(acc, rstd, a_ext, colsum_ptr, betab_ptr, off_n, N, BLOCK_N, DOT_PRECISION)
+                    acc = _ln_apply(acc, rstd, a_ext, cs, bb, DOT_PRECISION)
             else:
                 acc = acc * rstd[:, None]
         c_desc.store([off_m, off_n], acc.to(c_desc.dtype))

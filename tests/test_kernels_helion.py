@@ -1,4 +1,5 @@
-"""CPU tests for kernels_helion/lazy_prenorm.py: ref-mode semantics, generated Triton, sm_90 compile-only, errors.
+"""CPU tests for kernels_helion/lazy_prenorm.py: ref-mode semantics, generated Triton, sm_90 compile-only, errors
+(RMSNorm, and in section 5 the LayerNorm kernels).
 
 Ref mode and compile-only run in subprocesses: ``HELION_INTERPRET`` is read when helion is imported, and
 ``normfuse.compile_only.install(90)`` swaps Triton's driver for the rest of a process. None of this is a GPU

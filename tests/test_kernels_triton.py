@@ -8,6 +8,10 @@
    limit; for the row-block schedules also the TTGIR (K loop software-pipelined with num_stages-deep A and B
    TMA rings, flattened or nested as asked). Subprocess: the fake driver is process-global.
 3. Config validation and input validation errors (in-process: they are raised before any launch).
+4. LayerNorm (``lazy_layernorm_matmul``): interpreter semantics at fp16/fp32 with mean-shifted inputs (every
+   schedule and formulation, K tails, negative controls), sm_90 compile with the pipelining of every K loop and
+   the extra-MMA epilogue checked in the TTGIR, ptxas (no spills, no wgmma serialization) for the shipped LN
+   tilings, and input errors.
 
 None of this catches the pipeliner miscompile (triton#6691): that needs the GPU correctness run.
 """

@@ -13,6 +13,10 @@
    one M-tile within a CTA (so each reused rstd was stored by the same consumer for the same M-tile).
 2. Config validation and input validation (in-process; raised before anything is compiled or launched).
 3. GPU (marker ``gpu``, skipped without CUDA): every shipped config through the sweep worker's check.
+4. LayerNorm (``lazy_layernorm_matmul``): sm_90 compile of ``SHIPPED_LN_CONFIGS`` (+ BLOCK_N = 128 twins) at an
+   EVEN_K and two K-tail shapes (the extra k16 register-A wgmma, its fence, no spills, no wgmma serialization; the
+   broadcast epilogue's spills at BLOCK_N = 256), input errors, the self-check's LayerNorm part, and the GPU check
+   (also with mean-shifted inputs).
 
 Compile-only does not catch barrier-phase bugs, races or deadlocks: the GPU check (3, or
 ``python -m kernels_tlx.lazy_prenorm``) is the correctness test.
@@ -513,8 +517,9 @@ def test_ln_compile_sm90(ln_compiled, name, shape):
     assert x["branch_after_wgmma_commit"] == (cfg.NUM_CONSUMERS if cfg.REUSE_RSTD else 0), s
     assert not s["serialized"], s  # ptxas did not serialize the wgmmas (C7515)
     if cfg.LN_EPILOGUE_MMA:
-        # one more (k16, register-A) wgmma per consumer, waited for; its shared B operand fenced for the async proxy
-        assert s["k16_register_a"] == cfg.NUM_CONSUMERS and x["wgmma_wait_0"] == 2 * cfg.NUM_CONSUMERS, s
+        # one more (k16, register-A) wgmma per consumer, queued behind the K loop's last one (no extra wait);
+        # its shared B operand fenced for the async proxy
+        assert s["k16_register_a"] == cfg.NUM_CONSUMERS and x["wgmma_wait_0"] == cfg.NUM_CONSUMERS, s
         assert s["fence_proxy_async"] >= 1 and s["spill_stores"] == 0, s
         assert x["ldmatrix"] <= cfg.NUM_CONSUMERS, s  # only the 64x16 A operand goes through ldmatrix
     else:
