@@ -334,8 +334,8 @@ def test_gpu_check_expansion(monkeypatch):
     fused = [e for e in entries if e["impls"] == ["fused"]]
     gemm = [e for e in entries if e["impls"] == ["gemm"]]
     _, shapes, variants, eps = gpu_checks.CHECKS["naive_fusion"]
-    n_opts = 1 + len(gpu_checks.CHECK_OPTIONS["naive_fusion"])
-    assert len(seen) == (len(fused) * len(variants) + len(gemm)) * len(shapes) * n_opts
+    n_opts = len(gpu_checks.CHECK_OPTIONS["naive_fusion"])  # {} and the affine + mean-shifted set: fused only
+    assert len(seen) == (len(fused) * len(variants) * n_opts + len(gemm)) * len(shapes)
     assert {r["variant"] for r in seen if r["impl"] == "gemm"} == {variants[0]}  # the GEMM once, not per variant
     assert {json.dumps(r["options"], sort_keys=True) for r in seen} == {"{}", json.dumps(
         {"affine": True, "mean_shift": 10.0}, sort_keys=True)}
