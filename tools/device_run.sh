@@ -44,7 +44,7 @@ for s in ${SWEEPS:-}; do
 done
 
 if [ "${TEST_K:-}" != "skip" ]; then
-  kk=${TEST_K:+-k '$TEST_K'}
+  kk=""; [ -n "${TEST_K:-}" ] && kk="-k '${TEST_K}'"   # expanded here: make would re-expand a literal \$
   timeout -s INT "${TEST_BUDGET_S:-200}" make -k test-gpu PYTEST_ARGS="-q --timeout 180 -p no:logging $kk" \
     > "$OUT/test_gpu.log" 2>&1
   echo "test-gpu rc=$?" | tee -a "$OUT/guard.log"
