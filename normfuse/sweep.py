@@ -66,6 +66,8 @@ def expand_points(cfg: dict, run_mode: str) -> list[dict]:
             base_mode = "gpu" if run_mode == "gpu" else "cpu"
             base_dtype = cfg["dtype"] if run_mode == "gpu" else cfg["cpu_dtype"]
             for impl in baselines:
+                if not getattr(spec, "baseline_applies", lambda i, v: True)(impl, variant):
+                    continue  # a baseline that belongs to another variant of the technique (e.g. mxnorm)
                 points.append({**common, "dsl": registry.BASELINE_DSL, "impl": impl, "env": cfg["baseline_env"],
                                "mode": base_mode, "dtype": base_dtype, "config_name": "-", "config": {}})
             for dsl_name, d in dsls.items():

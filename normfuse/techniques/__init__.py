@@ -2,7 +2,7 @@
 
 from importlib import import_module
 
-TECHNIQUES = ("lazy_prenorm", "norms", "naive_fusion")
+TECHNIQUES = ("lazy_prenorm", "norms", "naive_fusion", "mxnorm")
 
 
 def get_technique(name: str):
