@@ -23,12 +23,17 @@ CHECKS = {  # technique -> (tiling file, shapes, variants, eps)
                      ("layernorm", "rmsnorm"), 1e-5),
     # Lazy Pre-Norm's LayerNorm variant: its own tiling list (technique lazy_prenorm, see CHECK_TECHNIQUE)
     "lazy_prenorm_ln": ("lazy_prenorm_ln_h200.yaml", ODD_SHAPES, ("layernorm",), 1e-5),
+    # MXNorm / RMSNorm + MXFP8 cast: T = 1, ragged D (D/32 not a power of 2), benchmark shapes; both scale modes
+    "mxnorm": ("mxnorm_h200.yaml", [(1, 32, None), (257, 1056, None), (4096, 4096, None), (1000, 16384, None),
+                                    (131072, 1024, None), (16384, 16384, None)],
+               ("rmsnorm_cast", "mxnorm_p1", "mxnorm_p2"), 1e-6),
 }
 CHECK_TECHNIQUE = {"lazy_prenorm_ln": "lazy_prenorm"}  # check name -> technique, where they differ
 # make_inputs options per check, each set checked at every shape (default: one set, {}); the fused kernels also
 # with mean-shifted inputs (one-pass statistics, epilogue cancellation) and, for naive fusion, an affine
 CHECK_OPTIONS = {"lazy_prenorm_ln": ({}, {"mean_shift": 10.0}),
-                 "naive_fusion": ({}, {"affine": True, "mean_shift": 10.0})}
+                 "naive_fusion": ({}, {"affine": True, "mean_shift": 10.0}),
+                 "mxnorm": ({"scale_mode": "floor"}, {"scale_mode": "rceil"})}
 GEMM_IMPLS = ("gemm",)  # the same for every variant: checked for the first variant only
 
 
@@ -61,8 +66,8 @@ def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
         for impl in impls:
             for variant in (variants[:1] if impl in GEMM_IMPLS else variants):
                 for seed, ((M, N, K), options) in enumerate((s, o) for o in option_sets for s in shapes):
-                    if options and impl != "fused":
-                        continue  # the input options matter only to the fused kernel
+                    if options and impl in GEMM_IMPLS:
+                        continue  # the input options do not matter to the plain GEMM
                     req = {"technique": technique, "dsl": dsl, "impl": impl, "variant": variant, "M": M, "N": N,
                            "K": K, "dtype": "bf16", "eps": eps, "config": cfg, "mode": "gpu", "seed": 1000 + seed,
                            "check_only": True, "options": options}
