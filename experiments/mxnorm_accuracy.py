@@ -42,6 +42,7 @@ DS = (1024, 4096, 8192)
 DISTS = T.DISTRIBUTIONS
 PS = (1, 2)
 EPS = 1e-6
+_META = {"png": {"Software": None}, "pdf": {"CreationDate": None, "Producer": None}}  # byte-stable figures
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -131,7 +132,7 @@ def plot(rows_df: pd.DataFrame, summary: pd.DataFrame, out: Path) -> list[Path]:
     fig.suptitle("MXNorm per-row estimate error (boxes: quartiles, whiskers: 1st-99th percentile), bf16 inputs",
                  fontsize=10)
     for ext in ("png", "pdf"):
-        fig.savefig(out / f"ratio.{ext}", dpi=150, bbox_inches="tight")
+        fig.savefig(out / f"ratio.{ext}", dpi=150, bbox_inches="tight", metadata=_META[ext])
         paths.append(out / f"ratio.{ext}")
     plt.close(fig)
 
@@ -163,7 +164,7 @@ def plot(rows_df: pd.DataFrame, summary: pd.DataFrame, out: Path) -> list[Path]:
     fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7)
     fig.suptitle("Dequantized MXFP8 output (FLOOR) against x * rho (fp64), bf16 inputs", fontsize=10)
     for ext in ("png", "pdf"):
-        fig.savefig(out / f"output_error.{ext}", dpi=150, bbox_inches="tight")
+        fig.savefig(out / f"output_error.{ext}", dpi=150, bbox_inches="tight", metadata=_META[ext])
         paths.append(out / f"output_error.{ext}")
     plt.close(fig)
     return paths
@@ -177,7 +178,9 @@ def main(argv=None) -> Path:
     args = ap.parse_args(argv)
     if args.rows < 1:
         raise SystemExit("--rows must be >= 1")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    from normfuse.sweep import git_info
+
+    git = git_info()  # before writing: the outputs themselves are tracked files
     rows_df, summary = study(args.rows, args.seed)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -192,12 +195,11 @@ def main(argv=None) -> Path:
             + summary[cols].to_markdown(index=False, floatfmt=".4g") + "\n")
     (out / "summary.md").write_text(text)
     plot(rows_df, summary, out / "plots")
-    from normfuse.sweep import git_info
 
     meta = {"experiment": "mxnorm_accuracy", "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m experiments.mxnorm_accuracy " + " ".join(argv or []), "rows": args.rows,
             "seed": args.seed, "D": list(DS), "distributions": list(DISTS), "p": list(PS), "eps": EPS,
-            "torch": torch.__version__, "mode": "cpu (no timings)", **git_info()}
+            "torch": torch.__version__, "mode": "cpu (no timings)", **git}
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     print(text)
     return out
