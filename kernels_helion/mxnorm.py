@@ -46,7 +46,7 @@ from normfuse.mxfp8 import check_scale_mode
 from normfuse.techniques.mxnorm import BLOCK, check_inputs, mx_constant
 
 __all__ = ["TilingConfig", "DEFAULT_CONFIG", "H200_CANDIDATES", "OPS", "rmsnorm_mxfp8", "mxnorm_mxfp8",
-           "compile_sm90", "compile_sm90_kernel", "ptxas_usage", "triton_code", "ref_mode"]
+           "compile_sm90", "compile_sm90_kernel", "ptxas_usage", "triton_code", "ref_mode", "default_config"]
 
 OPS = ("rmsnorm_mxfp8", "mxnorm_mxfp8")
 
@@ -121,6 +121,15 @@ class TilingConfig(_NormTiling):
 
 DEFAULT_CONFIG = TilingConfig(block_sizes=(2,), num_warps=8)
 
+
+def default_config(D: int) -> TilingConfig:
+    """The config used when ``config=None``: about 32 elements of x per thread, 8 warps up to D = 8192
+    (BLOCK_M = 4, 4, 2, 1 for D = 1K, 2K, 4K, 8K) and one row on 16 warps beyond (32 warps past D = 32K)."""
+    if D > 8192:
+        return TilingConfig(block_sizes=(1,), num_warps=32 if D > 32768 else 16)
+    rows = max(1, min(4, 8192 // D))
+    return TilingConfig(block_sizes=(1 << (rows.bit_length() - 1),), num_warps=8)  # a power of two
+
 # H200 candidates for T in {1K .. 128K} x D in {1K .. 16K} (bf16); untimed. Elements of x per thread =
 # BLOCK_M * D / (32 * num_warps), at most MAX_ELEMS_PER_THREAD = 64 (a config that would exceed it reports
 # 'unsupported' at that D). Registers from sm_90 compile-only (ptxas -v, no spills; resident programs per SM):
@@ -160,7 +169,7 @@ MAX_ELEMS_PER_THREAD = 64  # fp32 elements of x per thread; beyond it ptxas spil
 def _config(config, D: int) -> TilingConfig:
     """The validated config for rows of D; ValueError (the sweep's 'unsupported') when a thread would hold more
     than ``MAX_ELEMS_PER_THREAD`` elements of x (``BLOCK_M * D / (32 * num_warps)``)."""
-    cfg = TilingConfig.from_dict(config) if config is not None else DEFAULT_CONFIG
+    cfg = TilingConfig.from_dict(config) if config is not None else default_config(D)
     per_thread = cfg.block_sizes[0] * D // (32 * cfg.num_warps)
     if per_thread > MAX_ELEMS_PER_THREAD:
         raise ValueError(f"config cannot serve D={D}: BLOCK_M * D / (32 * num_warps) = {per_thread} elements per "
@@ -193,7 +202,7 @@ def rmsnorm_mxfp8(x: torch.Tensor, *, eps: float = 1e-6, scale_mode: str = "floo
 
     ``x [T, D]``: 2-D row-major contiguous bf16/fp16/fp32 (CUDA, or CPU in ref mode); T >= 1, D a multiple of 32.
     ``eps`` > 0; ``scale_mode`` "floor" | "rceil"; ``config``: ``TilingConfig``, a mapping, or None
-    (``DEFAULT_CONFIG``). Returns ``(data [T, D] float8_e4m3fn, scales [T, D/32] uint8, rstd [T] fp32)``.
+    (``default_config(D)``). Returns ``(data [T, D] float8_e4m3fn, scales [T, D/32] uint8, rstd [T] fp32)``.
     Raises TypeError/ValueError via ``normfuse.techniques.mxnorm.check_inputs`` (dtype, rank, contiguity, D % 32,
     eps, scale mode), ValueError for a bad config and for non-CUDA tensors outside ref mode.
     """

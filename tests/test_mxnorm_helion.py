@@ -118,6 +118,9 @@ def test_config_validation():
     with pytest.raises(ValueError, match="elements per"):
         hm._config({"block_sizes": [4], "num_warps": 4}, 16384)
     assert hm._config(None, 4096) == hm.DEFAULT_CONFIG
+    for D in (32, 1024, 2048, 2080, 3072, 4096, 8192, 16384, 65536):  # config=None serves every D
+        cfg = hm._config(None, D)
+        assert cfg.block_sizes[0] * D // (32 * cfg.num_warps) <= hm.MAX_ELEMS_PER_THREAD
     assert "reduction_loops" not in dict(hm.TilingConfig().to_helion())
 
 
