@@ -1,0 +1,996 @@
+r"""Multi-CTA Norm Fusion in TLX for the H200 (sm_90): ``Y = norm(A @ B)`` (RMSNorm or LayerNorm over the rows of
+the GEMM output, optional affine) in one warp-specialized TMA + wgmma GEMM whose epilogue row reduction spans a
+thread-block cluster; the per-row partial statistics are exchanged through distributed shared memory (DSMEM).
+
+Math (``normfuse.techniques.multi_cta``; fp32 statistics from the fp32 accumulator, output in the input dtype)::
+
+    RMSNorm:   rstd = rsqrt(sum_j C_ij^2 / N + eps);      Y = C * rstd (* weight)
+    LayerNorm: mean = sum_j C_ij / N; rstd = rsqrt(sum_j (C_ij - mean)^2 / N + eps); Y = (C - mean) * rstd (* w + b)
+
+**Cluster layout.** A cluster of ``C = CLUSTER_SIZE`` CTAs (1, 2, 4, 8 portable; 16 non-portable) owns one
+``BLOCK_M``-row M-tile at a time and splits N: CTA ``rank`` (``tlx.cluster_cta_rank()``) computes the
+``[BLOCK_M, BLOCK_N]`` tile at columns ``[rank * BLOCK_N, (rank + 1) * BLOCK_N)`` over the full K. So
+``C * BLOCK_N >= N`` is required (the whole row lives in one cluster's registers; ``BLOCK_N <= 256``: wgmma N and
+the register accumulator), i.e. N <= 2048 with portable clusters, 4096 with 16-CTA clusters; and every rank must
+own at least one column (``cdiv(N, BLOCK_N) == C``). ``TilingConfig.block_n`` checks both and raises ValueError
+naming the limit. The grid is 1-D, ``num_clusters * C`` CTAs launched with ``ctas_per_cga=(C, 1, 1)`` (fbtriton
+groups consecutive CTAs into a cluster): ``cluster_id = program_id // C``. Persistent (default): ``num_clusters``
+is the number of co-resident clusters (``cuOccupancyMaxActiveClusters``; a GPC holds only whole clusters, so this
+is not ``#SMs / C``) and cluster ``g`` walks M-tiles ``g, g + num_clusters, ...`` -- every CTA of a cluster the
+same sequence. Non-persistent: one M-tile per cluster.
+
+**Per CTA** (12 warps; the ring protocol is the one of ``kernels_tlx/lazy_prenorm.py``):
+
+- Producer (``"default"`` task, 4 warps): per K step, wait ``empty[s]``, arm ``full[s]`` with the stage's bytes
+  (``mbarrier.arrive.expect_tx``), TMA-load the A tile (one box per consumer, ``[BLOCK_M / NUM_CONSUMERS,
+  BLOCK_K]``) and this CTA's ``[BLOCK_K, BLOCK_N]`` B tile. Out-of-bounds parts are zero-filled (so the
+  accumulator columns past N are exactly 0 and add nothing to the row sums); an A box wholly below row M gets its
+  row clamped to M - 1 (finite values, never stored), as in the Lazy Pre-Norm kernel.
+- ``MULTICAST_A`` (C in 2..8): all C CTAs of a cluster need the same A tile, so each loads 1/C of every consumer's
+  A box (``[BLOCK_M / NUM_CONSUMERS / C, BLOCK_K]`` rows ``rank * R ...``) and multicasts it into the same slot of
+  all C CTAs (``cp.async.bulk.tensor ... .multicast::cluster``): L2->SM traffic for A drops C-fold. Each CTA's
+  ``full[s]`` still expects the whole stage (its B + all C slices of A). Because a CTA's TMA now writes into its
+  peers' slots, a slot may be refilled only when *every* consumer of the cluster has released it: ``empty[s]``
+  then counts ``NUM_CONSUMERS * C`` arrivals, and each consumer arrives on ``empty[s]`` of every CTA of the
+  cluster (``mbarrier.arrive.shared::cluster`` via ``mapa``). Peer bytes for use ``u`` of a slot can land before
+  this CTA's ``expect_tx`` for use ``u`` (the tx-count goes transiently negative, legal in PTX), never before its
+  use ``u - 1`` completed: the peer issued them after its ``empty[s]`` saw all consumers release use ``u - 1``.
+- Consumers (``NUM_CONSUMERS`` replicated 4-warp tasks, ``setmaxnreg``): each owns ``BLOCK_M / NUM_CONSUMERS``
+  = 64 rows; per K step wgmma into the fp32 register accumulator (``async_dot_wait(1)`` pipelining, slots
+  released one step late). Then the **epilogue**:
+
+  1. per-row partials of this CTA's column slice, fp32: RMSNorm ``p0 = sum(acc^2)``; LayerNorm
+     ``p0 = sum(acc)`` and ``p1 = sum over valid columns of (acc - p0 / n_r)^2`` (n_r = columns this rank
+     owns: ``min(BLOCK_N, N - rank * BLOCK_N)``);
+  2. DSMEM all-to-all (C > 1, below): every CTA of the cluster obtains all C partials of its rows;
+  3. rank-order combine (deterministic: every CTA adds the same fp32 values in the same order, so all ranks
+     hold bit-identical statistics, and repeated runs give bit-identical output): RMSNorm ``rstd = rsqrt(sum_r
+     p0_r / N + eps)``; LayerNorm, **Chan's parallel merge** of (n_r, mean_r = p0_r / n_r, M2_r = p1_r):
+     ``mean = sum_r p0_r / N``, ``M2 = sum_r (M2_r + n_r (mean_r - mean)^2)``, ``rstd = rsqrt(M2 / N + eps)``.
+     One exchange, two statistics, and no ``E[x^2] - mean^2`` cancellation (each term is >= 0; a row whose mean
+     is 1000x its spread keeps full accuracy). The alternatives -- two exchanges (mean first, then the centred
+     sum: one more cluster round trip per tile) or one exchange of (sum, sum of squares) as Meta's kernel does
+     (catastrophic cancellation when |mean| >> std) -- are worse;
+  4. normalize the fp32 accumulator (``(acc - mean) * rstd``), optional affine (loaded per tile, masked at N),
+     cast, TMA store (rows past M / columns past N are clipped; a consumer whose rows all lie past M skips it);
+     rank 0 writes ``mean`` / ``rstd`` (fp32 [M], rows < M).
+
+**DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
+
+- Every CTA holds, per (buffer ``b``, consumer, statistic), C fp32 slots of ``[64]`` (slot ``r`` receives rank
+  ``r``'s partial of these 64 rows) and one mbarrier ``recv[b][cid]`` (arrive count 1).
+- Tile t uses buffer ``b = t % 2``, use ``u = t // 2``: ``barrier_expect_bytes(recv, NSTAT * 64 * 4 * (C - 1))``
+  (this arrival is the barrier's only one; the phase completes when the C - 1 peers' bytes have all landed),
+  ``local_store`` of the own partial into the own slot, then for each peer ``p != rank``:
+  ``async_remote_shmem_store(slot[rank], partial, p, recv)`` = ``st.async.shared::cluster.mbarrier::complete_tx``
+  into ``mapa(slot[rank], p)`` completing on ``mapa(recv, p)`` (one store per row, issued by one thread of each
+  4-thread row quad: 64 x 4 bytes per peer and statistic, matching the armed count); then
+  ``barrier_wait(recv, u & 1)`` and the rank-order combine of the C slots.
+- Arming order: a peer's bytes for use u may arrive before this CTA's ``expect_tx`` of use u (legal: the
+  tx-count goes negative and the phase cannot complete before the arrival), but never before use u - 1 of that
+  barrier completed -- see the WAR argument next.
+- Reuse (WAR) without a "slot free" barrier: CTA s writes into peer p's buffer b at tile t only after s
+  completed its tile t - 1 exchange, which needed p's tile t - 1 partial, which p sent after finishing (reading)
+  its tile t - 2 slots -- the previous use of buffer b. Double buffering is therefore sufficient (one buffer is
+  not: a peer may write tile t + 1 into a slot this CTA is still reading for tile t). The release semantics of
+  ``complete_tx`` and the acquire of ``mbarrier.try_wait`` carry this order across CTAs.
+- Start: all barriers are initialized, then ``fence.mbarrier_init.release.cluster`` + ``barrier.cluster`` in all
+  warps (the warp-specialize lowering runs the worker warps through it too) before any remote access.
+- Exit: every task ends with ``barrier.cluster.arrive/wait``, so no CTA leaves while a peer may still store
+  into its shared memory or arrive on its barriers (the multicast releases target peers' ``empty`` barriers).
+
+All CTAs of a cluster execute the same (tile, k) sequence, so the barrier phases agree; no CTA waits on another
+cluster, and co-residency within a cluster is guaranteed by the hardware (a cluster is scheduled as a unit).
+
+Checks: ``tests/tlx/test_multi_cta_tlx.py`` compiles every shipped config for sm_90a on CPU and asserts the
+protocol in the PTX (cluster dims, ``mapa``, ``st.async ... complete_tx``, ``barrier.cluster``, ``wgmma``,
+``cp.async.bulk.tensor`` with ``.multicast::cluster`` for MULTICAST_A, ``setmaxnreg``, shared memory under 227 KB,
+no spills). Compile-only does not catch deadlocks, barrier-phase bugs or numerics: the H200 self-check is
+``python -m kernels_tlx.multi_cta [--quick]`` (every shipped config vs the fp32 reference at odd shapes, bitwise
+determinism across launches, hang timeout).
+
+Sources: PyTorch blog, "Towards Free Normalization" (2026-07-10),
+https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ; Meta's
+Blackwell kernels https://github.com/facebookresearch/ads_model_kernel_library/tree/main/multi_cta_norm_fusion ;
+TLX (fbtriton), https://github.com/facebookexperimental/triton (tutorials ``hopper_gemm_ws.py``: WS GEMM and
+multicast TMA; ``blackwell-multi-cta-layernorm_test.py``: DSMEM exchange); Chan, Golub, LeVeque, "Updating
+formulae and a pairwise algorithm for computing sample variances" (1979). The code is written for this repo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels_tlx import lazy_prenorm as _lp
+from normfuse.techniques import multi_cta as _spec
+from normfuse.tiling import TilingConfigBase
+
+SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
+REGISTER_FILE = 65536
+H200_NUM_SMS = 132
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 8 = Hopper's portable limit; 16 needs the non-portable attribute (set here)
+MAX_BLOCK_N = 256  # wgmma N / TMA box / register accumulator
+MIN_BLOCK_N = 32
+OPS = ("matmul_rmsnorm", "matmul_layernorm", "matmul")
+_NORM_OF_OP = {"matmul_rmsnorm": "rms", "matmul_layernorm": "layer"}
+_PRODUCER_WARPS = 4
+_MIN_PRODUCER_REGS = 24
+_NUM_DSMEM_BUFFERS = 2  # double-buffered exchange slots (see the module docstring: sufficient for WAR)
+
+# The plain GEMM of this DSL (the 'gemm' impl): the Lazy Pre-Norm module's warp-specialized TMA + wgmma GEMM
+# (94-105 % of cuBLAS on the H200); it takes kernels_tlx.lazy_prenorm.TilingConfig configs.
+matmul = _lp.matmul
+
+
+def _is_pow2(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0
+
+
+@dataclass(frozen=True)
+class TilingConfig(TilingConfigBase):
+    """Tiling of the TLX multi-CTA fused kernel.
+
+    Fields:
+        BLOCK_M: rows of an M-tile (= 64 * NUM_CONSUMERS: one m64 wgmma row slice per consumer warpgroup).
+        BLOCK_N: columns per CTA (power of 2 in [32, 256]), or None: ``next_pow2(cdiv(N, CLUSTER_SIZE))`` (at
+            least 32) for the N at hand. Must satisfy ``CLUSTER_SIZE * BLOCK_N >= N`` and
+            ``cdiv(N, BLOCK_N) == CLUSTER_SIZE`` (checked by ``block_n(N)``).
+        BLOCK_K: K step (power of 2 in [16, 128]).
+        CLUSTER_SIZE: CTAs per cluster along N, one of 1, 2, 4, 8 (portable) or 16 (non-portable: this module
+            sets ``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`` before the first launch). 1 = no cluster
+            (the whole row in one CTA: N <= 256).
+        NUM_STAGES: depth of the (A, B) shared-memory ring (>= 2).
+        NUM_CONSUMERS: consumer warpgroups (1 or 2), each owning 64 rows.
+        PERSISTENT: grid = the co-resident clusters, each walking M-tiles (True), or one cluster per M-tile.
+        MULTICAST_A: TMA-multicast the A tile across the cluster (CLUSTER_SIZE in 2..8); see the module docstring.
+        EPILOGUE_SUBTILE: store the output tile as two halves (halves the epilogue staging smem).
+        CONSUMER_REGS: ``setmaxnreg`` count per consumer thread (multiple of 8).
+
+    Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
+    registers, shared memory). Both raise ValueError naming the violated constraint.
+    """
+
+    BLOCK_M: int = 128
+    BLOCK_N: int | None = None
+    BLOCK_K: int = 64
+    CLUSTER_SIZE: int = 4
+    NUM_STAGES: int = 3
+    NUM_CONSUMERS: int = 2
+    PERSISTENT: bool = True
+    MULTICAST_A: bool = False
+    EPILOGUE_SUBTILE: bool = False
+    CONSUMER_REGS: int = 232
+
+    def __post_init__(self):
+        errors = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "BLOCK_N" and v is None:
+                continue
+            if f.type in (bool, "bool"):
+                if not isinstance(v, bool):
+                    errors.append(f"{f.name} must be a bool, got {v!r}")
+            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                errors.append(f"{f.name} must be a positive integer, got {v!r}")
+        if errors:
+            raise ValueError("invalid TilingConfig: " + "; ".join(errors))
+        for name in ("BLOCK_M", "BLOCK_K", "NUM_CONSUMERS") + (("BLOCK_N",) if self.BLOCK_N is not None else ()):
+            if not _is_pow2(getattr(self, name)):
+                errors.append(f"{name}={getattr(self, name)} must be a power of 2")
+        if self.CLUSTER_SIZE not in CLUSTER_SIZES:
+            errors.append(f"CLUSTER_SIZE={self.CLUSTER_SIZE} is not supported: must be one of {CLUSTER_SIZES} "
+                          "(8 is Hopper's portable cluster limit, 16 the non-portable one)")
+        if self.NUM_CONSUMERS not in (1, 2):
+            errors.append(f"NUM_CONSUMERS={self.NUM_CONSUMERS} must be 1 or 2")
+        elif self.BLOCK_M != 64 * self.NUM_CONSUMERS:
+            errors.append(f"BLOCK_M // NUM_CONSUMERS = {self.BLOCK_M}//{self.NUM_CONSUMERS} must be 64 "
+                          "(one m64 wgmma row slice per consumer warpgroup)")
+        if self.BLOCK_N is not None and not MIN_BLOCK_N <= self.BLOCK_N <= MAX_BLOCK_N:
+            errors.append(f"BLOCK_N={self.BLOCK_N} must be in [{MIN_BLOCK_N}, {MAX_BLOCK_N}] "
+                          "(wgmma N, TMA box and register-accumulator limits)")
+        if not 16 <= self.BLOCK_K <= 128:
+            errors.append(f"BLOCK_K={self.BLOCK_K} must be in [16, 128]")
+        if not 2 <= self.NUM_STAGES <= 8:
+            errors.append(f"NUM_STAGES={self.NUM_STAGES} must be in [2, 8] (async_dot_wait(1) holds 2 stages)")
+        if self.CONSUMER_REGS % 8 or not 24 <= self.CONSUMER_REGS <= 256:
+            errors.append(f"CONSUMER_REGS={self.CONSUMER_REGS} must be a multiple of 8 in [24, 256] (setmaxnreg)")
+        elif self.NUM_CONSUMERS in (1, 2):
+            used = self.NUM_CONSUMERS * 128 * self.CONSUMER_REGS + _PRODUCER_WARPS * 32 * _MIN_PRODUCER_REGS
+            if used > REGISTER_FILE:
+                errors.append(f"register file: {self.NUM_CONSUMERS} consumers x 128 threads x {self.CONSUMER_REGS} "
+                              f"regs + producer minimum = {used} > {REGISTER_FILE}")
+        if self.MULTICAST_A:
+            if self.CLUSTER_SIZE == 1:
+                errors.append("MULTICAST_A=True needs CLUSTER_SIZE >= 2 (there is no peer to share A with)")
+            elif self.CLUSTER_SIZE > 8:
+                errors.append(f"MULTICAST_A=True needs CLUSTER_SIZE <= 8: each CTA loads 64 / CLUSTER_SIZE rows of "
+                              f"every A box, at least 8 (one 128-byte swizzle atom), got CLUSTER_SIZE="
+                              f"{self.CLUSTER_SIZE}")
+        if not errors and self.BLOCK_N is not None:
+            errors += self._n_independent_fit(self.BLOCK_N)
+        if errors:
+            raise ValueError("invalid TilingConfig: " + "; ".join(errors))
+
+    # --- derived quantities -----------------------------------------------------------------------------
+    @property
+    def rows_per_consumer(self) -> int:
+        return self.BLOCK_M // self.NUM_CONSUMERS
+
+    @property
+    def num_warps_total(self) -> int:
+        return _PRODUCER_WARPS + 4 * self.NUM_CONSUMERS
+
+    def acc_regs_per_thread(self, block_n: int) -> int:
+        """fp32 accumulator registers per consumer thread: 64 * block_n / 128."""
+        return self.rows_per_consumer * block_n // 128
+
+    def smem_bytes(self, block_n: int, nstat: int = 2, itemsize: int = 2) -> int:
+        """Estimated shared memory per CTA: the (A, B) ring, the epilogue staging tile (half with
+        EPILOGUE_SUBTILE), the DSMEM exchange slots (2 buffers x consumers x ``nstat`` x CLUSTER_SIZE x 64 fp32;
+        LayerNorm has 2 statistics), mbarriers and 1 KB of slack. Checked against ``metadata.shared`` in tests."""
+        ring = self.NUM_STAGES * (self.BLOCK_M * self.BLOCK_K + self.BLOCK_K * block_n) * itemsize
+        epilogue = self.BLOCK_M * (block_n // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
+        slots = 0
+        if self.CLUSTER_SIZE > 1:
+            slots = _NUM_DSMEM_BUFFERS * self.NUM_CONSUMERS * nstat * self.CLUSTER_SIZE * self.rows_per_consumer * 4
+        bars = 8 * (2 * self.NUM_STAGES + _NUM_DSMEM_BUFFERS * self.NUM_CONSUMERS)
+        return ring + epilogue + slots + bars + 1024
+
+    def _n_independent_fit(self, bn: int) -> list[str]:
+        errors = []
+        if self.acc_regs_per_thread(bn) + 64 > self.CONSUMER_REGS:
+            errors.append(f"accumulator registers: 64x{bn} fp32 per warpgroup = {self.acc_regs_per_thread(bn)} "
+                          f"regs/thread, needs CONSUMER_REGS >= {self.acc_regs_per_thread(bn) + 64}")
+        if self.smem_bytes(bn) > SMEM_LIMIT_BYTES:
+            errors.append(f"shared memory: estimated {self.smem_bytes(bn)} B > {SMEM_LIMIT_BYTES} B (227 KB) for "
+                          f"NUM_STAGES={self.NUM_STAGES}, tile {self.BLOCK_M}x{bn}x{self.BLOCK_K}, "
+                          f"CLUSTER_SIZE={self.CLUSTER_SIZE}, EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE} "
+                          "(fewer stages or EPILOGUE_SUBTILE=True)")
+        return errors
+
+    def block_n(self, N: int) -> int:
+        """Columns per CTA for rows of N elements; ValueError (naming the limit) if this config cannot serve N:
+        the cluster must cover the row (``CLUSTER_SIZE * BLOCK_N >= N``; at most 8 * 256 = 2048 columns with
+        portable clusters, 16 * 256 = 4096 non-portable) and every rank must own a column."""
+        C = self.CLUSTER_SIZE
+        if self.BLOCK_N is not None:
+            bn = self.BLOCK_N
+        else:
+            bn = max(MIN_BLOCK_N, triton.next_power_of_2(triton.cdiv(N, C)))
+        if bn > MAX_BLOCK_N or C * bn < N:
+            raise ValueError(
+                f"N={N} is too wide for this config: the cluster covers CLUSTER_SIZE * BLOCK_N = {C} * "
+                f"{min(bn, MAX_BLOCK_N)} = {C * min(bn, MAX_BLOCK_N)} columns (BLOCK_N <= {MAX_BLOCK_N}; the limit "
+                f"is N <= {8 * MAX_BLOCK_N} with portable clusters of 8 and N <= {16 * MAX_BLOCK_N} with 16): use a "
+                f"larger CLUSTER_SIZE")
+        if triton.cdiv(N, bn) != C:
+            raise ValueError(
+                f"N={N} with CLUSTER_SIZE={C}, BLOCK_N={bn}: only cdiv(N, BLOCK_N) = {triton.cdiv(N, bn)} ranks own "
+                f"columns, ranks {triton.cdiv(N, bn)}..{C - 1} would idle: use CLUSTER_SIZE={triton.cdiv(N, bn)} "
+                f"or a smaller BLOCK_N")
+        errors = self._n_independent_fit(bn)
+        if errors:
+            raise ValueError(f"invalid TilingConfig for N={N}: " + "; ".join(errors))
+        return bn
+
+    def supports(self, N: int) -> bool:
+        """True if ``block_n(N)`` succeeds."""
+        try:
+            self.block_n(N)
+            return True
+        except ValueError:
+            return False
+
+
+DEFAULT_CONFIG = TilingConfig()
+
+# Proposed H200 tiling list (configs/tiling/multi_cta_h200.yaml mirrors it). With BLOCK_N = None each config
+# serves every N with cdiv(N, next_pow2(cdiv(N, C))) == C: c2 -> N in (256, 512], c4 -> (512, 1024] (BN 256) and
+# (256, 512] (BN 128), c8 -> (1024, 2048] / (512, 1024] / (256, 512], c16 -> (2048, 4096] / ... .
+SHIPPED_CONFIGS: dict[str, TilingConfig] = {
+    "c1": TilingConfig(CLUSTER_SIZE=1),  # no cluster: N <= 256 (the naive full-N fusion)
+    "c2": TilingConfig(CLUSTER_SIZE=2),
+    "c4": DEFAULT_CONFIG,
+    "c8": TilingConfig(CLUSTER_SIZE=8),
+    "c8_mcast": TilingConfig(CLUSTER_SIZE=8, MULTICAST_A=True),
+    "c16_subtile": TilingConfig(CLUSTER_SIZE=16, EPILOGUE_SUBTILE=True),  # N = 4096: the non-portable limit
+}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Kernel
+# ------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _split_cols(y, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """[ROWS, WIDTH] -> its column halves [ROWS, WIDTH / 2] (lo, hi)."""
+    return tl.split(tl.permute(tl.reshape(y, (ROWS, 2, WIDTH // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _join_cols(lo, hi, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """Inverse of ``_split_cols``."""
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (ROWS, WIDTH))
+
+
+@triton.jit
+def _affine(y, w_ptr, bias_ptr, off, N, live, WIDTH: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """``y * weight[off:off+WIDTH] + bias[...]`` (fp32; columns past N read 0 and are never stored). ``live`` is
+    a per-tile scalar that is true whenever the result is stored: in the mask it keeps the compiler from hoisting
+    these loop-invariant loads out of the persistent tile loop (their registers would then be live through every
+    K loop: ptxas spills)."""
+    cols = off + tl.arange(0, WIDTH)
+    ok = (cols < N) & live
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)[None, :]
+    return y
+
+
+@triton.jit
+def _affine_half(y, w_ptr, bias_ptr, off, N, live, ROWS: tl.constexpr, WIDTH: tl.constexpr, HAS_W: tl.constexpr,
+                 HAS_B: tl.constexpr):
+    """``_affine`` of a [ROWS, WIDTH] column half; with both weight and bias, one column quarter at a time, so
+    that about 32 registers of affine vectors are live either way (measured: no ptxas spills at BLOCK_N=256)."""
+    if HAS_W and HAS_B:
+        q0, q1 = _split_cols(y, ROWS, WIDTH)
+        q0 = _affine(q0, w_ptr, bias_ptr, off, N, live, WIDTH // 2, HAS_W, HAS_B)
+        q1 = _affine(q1, w_ptr, bias_ptr, off + WIDTH // 2, N, live, WIDTH // 2, HAS_W, HAS_B)
+        y = _join_cols(q0, q1, ROWS, WIDTH)
+    else:
+        y = _affine(y, w_ptr, bias_ptr, off, N, live, WIDTH, HAS_W, HAS_B)
+    return y
+
+
+@triton.jit
+def _multi_cta_norm_kernel(
+    a_desc,  # TMA descriptor of A [M, K], block [64 (/ C with MULTICAST_A), BLOCK_K]
+    b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
+    c_desc,  # TMA descriptor of Y [M, N], block [64, BLOCK_N (// 2 with EPILOGUE_SUBTILE)]
+    w_ptr,  # weight [N] (unused unless HAS_W)
+    bias_ptr,  # bias [N] (unused unless HAS_B)
+    mean_ptr,  # fp32 [M] (LayerNorm)
+    rstd_ptr,  # fp32 [M]
+    M,
+    N,
+    K,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    NUM_CONSUMERS: tl.constexpr,
+    CONSUMER_REGS: tl.constexpr,
+    CLUSTER_SIZE: tl.constexpr,
+    MULTICAST_A: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    NORM: tl.constexpr,  # "rms" | "layer" | "none" (the same kernel without the norm: a cluster-schedule GEMM)
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+):
+    C: tl.constexpr = CLUSTER_SIZE
+    BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup (64)
+    A_ROWS: tl.constexpr = BM_C // C if MULTICAST_A else BM_C  # rows of one A TMA box
+    DT: tl.constexpr = tlx.dtype_of(a_desc)
+    STAGE_BYTES: tl.constexpr = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(DT)
+    NSTAT: tl.constexpr = 2 if NORM == "layer" else 1
+    NB: tl.constexpr = 2  # exchange buffers (_NUM_DSMEM_BUFFERS)
+    EXCHANGE: tl.constexpr = C > 1 and NORM != "none"
+    RECV_BYTES: tl.constexpr = NSTAT * BM_C * 4 * (C - 1)  # bytes the C - 1 peers push per exchange
+    EMPTY_ARRIVALS: tl.constexpr = NUM_CONSUMERS * C if MULTICAST_A else NUM_CONSUMERS
+
+    # Ring: consumer c's A box of slot s is a_bufs[c * NUM_STAGES + s]; B of slot s is b_bufs[s].
+    a_bufs = tlx.local_alloc((BM_C, BLOCK_K), DT, NUM_STAGES * NUM_CONSUMERS)
+    b_bufs = tlx.local_alloc((BLOCK_K, BLOCK_N), DT, NUM_STAGES)
+    full_bars = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
+    empty_bars = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=EMPTY_ARRIVALS)
+    if EXCHANGE:
+        # slot ((b * NUM_CONSUMERS + cid) * NSTAT + stat) * C + r receives rank r's partial
+        slots = tlx.local_alloc((BM_C, ), tl.float32, NB * NUM_CONSUMERS * NSTAT * C)
+        recv_bars = tlx.alloc_barriers(num_barriers=NB * NUM_CONSUMERS, arrive_count=1)
+    if C > 1:
+        # make the mbarrier inits visible cluster-wide; the rendezvous itself is the first statement of every task
+        tlx.fence_mbarrier_init_cluster()
+
+    with tlx.async_tasks():
+        # ---------------------------------------------------------------- producer: TMA loads
+        with tlx.async_task("default"):
+            if C > 1:
+                # entry rendezvous: every barrier of every CTA is initialized before any remote access. Issued in
+                # every task rather than before async_tasks(): a pre-region cluster barrier is mirrored into the
+                # worker warps only when the compiler inserts no cluster sync of its own (it does for multicast
+                # TMA and remote arrives, and then leaves the explicit one to the default warps alone: deadlock)
+                tlx.cluster_barrier()
+                rank = tlx.cluster_cta_rank()
+            else:
+                rank = 0
+            cluster_id = tl.program_id(0) // C
+            num_clusters = tl.num_programs(0) // C
+            num_pid_m = tl.cdiv(M, BLOCK_M)
+            k_tiles = tl.cdiv(K, BLOCK_K)
+            off_n = rank * BLOCK_N
+            it = 0
+            for pid_m in range(cluster_id, num_pid_m, num_clusters):
+                off_m = pid_m * BLOCK_M
+                for ki in range(0, k_tiles):
+                    s = it % NUM_STAGES
+                    phase = (it // NUM_STAGES) & 1
+                    tlx.barrier_wait(empty_bars[s], phase ^ 1)  # first use of a slot passes at once
+                    tlx.barrier_expect_bytes(full_bars[s], STAGE_BYTES)
+                    off_k = ki * BLOCK_K
+                    for c in tl.static_range(NUM_CONSUMERS):
+                        if MULTICAST_A:
+                            # this CTA's 1/C share of consumer c's A box, multicast into every CTA of the cluster
+                            for r in tl.static_range(C):
+                                if r == rank:
+                                    a_row = tl.minimum(off_m + c * BM_C + r * A_ROWS, M - 1)
+                                    dst = tlx.local_slice(a_bufs[c * NUM_STAGES + s], [r * A_ROWS, 0],
+                                                          [A_ROWS, BLOCK_K])
+                                    # multicast_targets must be a literal list: one per cluster size
+                                    if C == 2:
+                                        tlx.async_descriptor_load(a_desc, dst, [a_row, off_k], full_bars[s],
+                                                                  multicast_targets=[0, 1])
+                                    elif C == 4:
+                                        tlx.async_descriptor_load(a_desc, dst, [a_row, off_k], full_bars[s],
+                                                                  multicast_targets=[0, 1, 2, 3])
+                                    else:
+                                        tlx.async_descriptor_load(a_desc, dst, [a_row, off_k], full_bars[s],
+                                                                  multicast_targets=[0, 1, 2, 3, 4, 5, 6, 7])
+                        else:
+                            # clamp: no A box lies wholly below row M (its consumer computes on real rows and
+                            # skips its store)
+                            a_row = tl.minimum(off_m + c * BM_C, M - 1)
+                            tlx.async_descriptor_load(a_desc, a_bufs[c * NUM_STAGES + s], [a_row, off_k],
+                                                      full_bars[s])
+                    tlx.async_descriptor_load(b_desc, b_bufs[s], [off_k, off_n], full_bars[s])
+                    it += 1
+            if C > 1:
+                tlx.cluster_barrier()  # exit rendezvous (module docstring)
+
+        # ---------------------------------------------------------------- consumers: wgmma + norm epilogue
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if C > 1:
+                tlx.cluster_barrier()  # entry rendezvous (see the producer)
+                rank = tlx.cluster_cta_rank()
+            else:
+                rank = 0
+            cluster_id = tl.program_id(0) // C
+            num_clusters = tl.num_programs(0) // C
+            num_pid_m = tl.cdiv(M, BLOCK_M)
+            k_tiles = tl.cdiv(K, BLOCK_K)
+            off_n = rank * BLOCK_N
+            cols = off_n + tl.arange(0, BLOCK_N)
+            col_ok = cols < N
+            n_local = tl.minimum(N - off_n, BLOCK_N)  # columns this rank owns (>= 1: TilingConfig.block_n)
+            it = 0
+            t = 0  # tiles done by this consumer: selects the exchange buffer and its phase
+            for pid_m in range(cluster_id, num_pid_m, num_clusters):
+                off_cm = pid_m * BLOCK_M + cid * BM_C
+                acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
+                s_prev = 0
+                for ki in range(0, k_tiles):
+                    s = it % NUM_STAGES
+                    phase = (it // NUM_STAGES) & 1
+                    tlx.barrier_wait(full_bars[s], phase)
+                    acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
+                    acc = tlx.async_dot_wait(1, acc)  # the previous wgmma has retired: release its slot
+                    if ki > 0:
+                        if MULTICAST_A:  # the slot is refilled by every CTA's multicast: release it everywhere
+                            for r in tl.static_range(C):
+                                tlx.barrier_arrive(empty_bars[s_prev], 1, remote_cta_rank=r)
+                        else:
+                            tlx.barrier_arrive(empty_bars[s_prev])
+                    s_prev = s
+                    it += 1
+                acc = tlx.async_dot_wait(0, acc)
+                if MULTICAST_A:
+                    for r in tl.static_range(C):
+                        tlx.barrier_arrive(empty_bars[s_prev], 1, remote_cta_rank=r)
+                else:
+                    tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
+
+                if NORM == "none":
+                    y = acc
+                else:
+                    # 1. per-row partials of this CTA's columns (TMA zero-filled acc past N: adds nothing)
+                    if NORM == "rms":
+                        p0 = tl.sum(acc * acc, axis=1)
+                    else:
+                        p0 = tl.sum(acc, axis=1)
+                        d = tl.where(col_ok[None, :], acc - (p0 / n_local)[:, None], 0.0)
+                        p1 = tl.sum(d * d, axis=1)
+                    if EXCHANGE:
+                        # 2. DSMEM all-to-all of the partials (module docstring)
+                        buf = t % NB
+                        base = (buf * NUM_CONSUMERS + cid) * NSTAT * C
+                        bar = recv_bars[buf * NUM_CONSUMERS + cid]
+                        tlx.barrier_expect_bytes(bar, RECV_BYTES)
+                        tlx.local_store(slots[base + rank], p0)
+                        if NSTAT == 2:
+                            tlx.local_store(slots[base + C + rank], p1)
+                        for p in tl.static_range(C):
+                            if p != rank:
+                                tlx.async_remote_shmem_store(dst=slots[base + rank], src=p0, remote_cta_rank=p,
+                                                             barrier=bar)
+                                if NSTAT == 2:
+                                    tlx.async_remote_shmem_store(dst=slots[base + C + rank], src=p1,
+                                                                 remote_cta_rank=p, barrier=bar)
+                        tlx.barrier_wait(bar, (t // NB) & 1)
+                        # 3. rank-order combine: identical fp32 sums in every CTA, every run
+                        if NORM == "rms":
+                            total = tl.zeros([BM_C], dtype=tl.float32)
+                            for r in tl.static_range(C):
+                                total += tlx.local_load(slots[base + r])
+                            rstd = tl.math.rsqrt(total / N + eps)
+                        else:
+                            total = tl.zeros([BM_C], dtype=tl.float32)
+                            for r in tl.static_range(C):
+                                total += tlx.local_load(slots[base + r])
+                            mean = total / N
+                            m2 = tl.zeros([BM_C], dtype=tl.float32)
+                            for r in tl.static_range(C):  # Chan's merge of (n_r, mean_r, M2_r)
+                                n_r = tl.minimum(N - r * BLOCK_N, BLOCK_N).to(tl.float32)
+                                dm = tlx.local_load(slots[base + r]) / n_r - mean
+                                m2 += tlx.local_load(slots[base + C + r]) + n_r * dm * dm
+                            rstd = tl.math.rsqrt(m2 / N + eps)
+                    else:
+                        if NORM == "rms":
+                            rstd = tl.math.rsqrt(p0 / N + eps)
+                        else:
+                            mean = p0 / N  # n_local == N: p1 is the centred sum of squares of the whole row
+                            rstd = tl.math.rsqrt(p1 / N + eps)
+                    # 4. normalize the fp32 accumulator, affine, statistics (rank 0)
+                    if NORM == "rms":
+                        y = acc * rstd[:, None]
+                    else:
+                        y = (acc - mean[:, None]) * rstd[:, None]
+                    rows = off_cm + tl.arange(0, BM_C)
+                    if C > 1:
+                        stat_ok = (rows < M) & (rank == 0)
+                    else:
+                        stat_ok = rows < M
+                    tl.store(rstd_ptr + rows, rstd, mask=stat_ok)
+                    if NORM == "layer":
+                        tl.store(mean_ptr + rows, mean, mask=stat_ok)
+                    t += 1
+                AFFINE: tl.constexpr = HAS_W or HAS_B
+                if EPILOGUE_SUBTILE or AFFINE:
+                    # column halves (register-level splits of the accumulator layout), the affine per half/quarter
+                    y_lo, y_hi = _split_cols(y, BM_C, BLOCK_N)
+                    if AFFINE:
+                        live = off_cm < M  # per tile: see _affine
+                        y_lo = _affine_half(y_lo, w_ptr, bias_ptr, off_n, N, live, BM_C, BLOCK_N // 2, HAS_W, HAS_B)
+                        y_hi = _affine_half(y_hi, w_ptr, bias_ptr, off_n + BLOCK_N // 2, N, live, BM_C, BLOCK_N // 2,
+                                            HAS_W, HAS_B)
+                    if not EPILOGUE_SUBTILE:
+                        y = _join_cols(y_lo, y_hi, BM_C, BLOCK_N)
+                if off_cm < M:  # rows past M are clipped by TMA; wholly out-of-bounds slices skip the store
+                    if EPILOGUE_SUBTILE:
+                        c_desc.store([off_cm, off_n], y_lo.to(tlx.dtype_of(c_desc)))
+                        c_desc.store([off_cm, off_n + BLOCK_N // 2], y_hi.to(tlx.dtype_of(c_desc)))
+                    else:
+                        c_desc.store([off_cm, off_n], y.to(tlx.dtype_of(c_desc)))
+            if C > 1:
+                tlx.cluster_barrier()  # exit rendezvous: no peer stores into / arrives on this CTA afterwards
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------------------
+_NUM_SMS_CACHE: dict = {}
+_MAX_CLUSTERS_CACHE: dict = {}
+# Shared memory passed to the occupancy query: at least this much, so that the query (run with 128 threads by
+# the driver utility) counts one CTA per SM, as the real 384-thread CTA with ~168 registers per thread gets.
+_ONE_CTA_PER_SM_SMEM = 120 * 1024
+
+
+def _num_sms(device: torch.device) -> int:
+    key = (device.type, device.index)
+    if key not in _NUM_SMS_CACHE:
+        _NUM_SMS_CACHE[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS_CACHE[key]
+
+
+def _validate(a, b, weight, bias, eps, norm: str, *, need_cuda: bool) -> tuple[int, int, int]:
+    """Shared input checks of the public functions; returns (M, N, K). Raises TypeError/ValueError."""
+    if norm != "none" and (eps is None or isinstance(eps, bool)):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    M, N, K = _spec.check_inputs(a, b, weight, bias, eps if norm != "none" else None)
+    if a.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"the TLX kernel supports bf16 and fp16 inputs, got {a.dtype} "
+                        "(fp32 would need tf32 wgmma with K-major B)")
+    for name, t in (("a", a), ("b", b)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address (TMA descriptors), "
+                             f"got data_ptr % 16 = {t.data_ptr() % 16}")
+    if need_cuda and a.device.type != "cuda":
+        raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
+    return M, N, K
+
+
+def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda: bool):
+    """Validate, allocate the outputs and build the descriptors and launch arguments (grid not final: the
+    persistent cluster count needs the compiled kernel, ``_grid``)."""
+    M, N, K = _validate(a, b, weight, bias, eps, norm, need_cuda=False)
+    bn = cfg.block_n(N)  # ValueError naming the limit if the cluster cannot cover N (before the device check)
+    if need_cuda and a.device.type != "cuda":
+        raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
+    C = cfg.CLUSTER_SIZE
+    bm_c = cfg.rows_per_consumer
+    y = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    rstd = torch.empty(M, dtype=torch.float32, device=a.device) if norm != "none" else y
+    mean = torch.empty(M, dtype=torch.float32, device=a.device) if norm == "layer" else rstd
+    a_desc = TensorDescriptor.from_tensor(a, [bm_c // C if cfg.MULTICAST_A else bm_c, cfg.BLOCK_K])
+    b_desc = TensorDescriptor.from_tensor(b, [cfg.BLOCK_K, bn])
+    c_desc = TensorDescriptor.from_tensor(y, [bm_c, bn // 2 if cfg.EPILOGUE_SUBTILE else bn])
+    args = (a_desc, b_desc, c_desc, weight if weight is not None else a, bias if bias is not None else a, mean, rstd,
+            M, N, K, float(eps) if eps is not None else 1e-6)
+    kwargs = dict(
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=bn, BLOCK_K=cfg.BLOCK_K, NUM_STAGES=cfg.NUM_STAGES,
+        NUM_CONSUMERS=cfg.NUM_CONSUMERS, CONSUMER_REGS=cfg.CONSUMER_REGS, CLUSTER_SIZE=C,
+        MULTICAST_A=cfg.MULTICAST_A, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE, NORM=norm,
+        HAS_W=weight is not None and norm != "none", HAS_B=bias is not None and norm == "layer",
+        num_warps=_PRODUCER_WARPS,  # the default (producer) task; consumers add 4 warps each
+        num_stages=1,  # no compiler pipelining: the ring is explicit
+    )
+    if C > 1:
+        kwargs["ctas_per_cga"] = (C, 1, 1)
+    outs = (y, mean if norm == "layer" else None, rstd if norm != "none" else None)
+    return (M, N, K), bn, outs, args, kwargs
+
+
+def _max_active_clusters(compiled, C: int, device: torch.device) -> int | None:
+    """Co-resident clusters of ``compiled`` on ``device`` (``cuOccupancyMaxActiveClusters`` through the Triton
+    driver utility, which also sets ``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`` on the function:
+    needed before a 16-CTA launch), or None if the query is unavailable."""
+    key = (device.index, id(compiled))
+    if key not in _MAX_CLUSTERS_CACHE:
+        n = None
+        try:
+            compiled._init_handles()
+            util = triton.runtime.driver.active.utils.cuOccupancyMaxActiveClusters
+            n = int(util(compiled.function, max(int(compiled.metadata.shared), _ONE_CTA_PER_SM_SMEM), C))
+        except Exception:  # noqa: BLE001  (e.g. a launcher build without the utility): caller falls back
+            n = None
+        _MAX_CLUSTERS_CACHE[key] = n if n and n > 0 else None
+    return _MAX_CLUSTERS_CACHE[key]
+
+
+def _grid(cfg: TilingConfig, M: int, num_clusters_avail: int | None) -> tuple[int]:
+    """1-D grid of CTAs: ``num_clusters * CLUSTER_SIZE``. Persistent: the co-resident clusters (never more than
+    the M-tiles); without an occupancy figure, one cluster per M-tile (as non-persistent: always safe)."""
+    num_pid_m = triton.cdiv(M, cfg.BLOCK_M)
+    clusters = num_pid_m
+    if cfg.PERSISTENT and num_clusters_avail:
+        clusters = min(num_pid_m, num_clusters_avail)
+    return (clusters * cfg.CLUSTER_SIZE, )
+
+
+def cluster_occupancy(config=None, N: int = 1024, op: str = "matmul_rmsnorm", device="cuda") -> int | None:
+    """Co-resident clusters of ``config``'s kernel for rows of N (GPU only; compiles the kernel): the persistent
+    grid in clusters. None if unknown."""
+    cfg = TilingConfig.from_dict(config)
+    a = torch.empty(cfg.BLOCK_M, 64, dtype=torch.bfloat16, device=device)
+    b = torch.empty(64, N, dtype=torch.bfloat16, device=device)
+    _, _, _, args, kwargs = _prepare(a, b, None, None, 1e-6, _NORM_OF_OP.get(op, "none"), cfg, need_cuda=True)
+    ck = _multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE, ), **kwargs)
+    return _max_active_clusters(ck, cfg.CLUSTER_SIZE, torch.device(device))
+
+
+def _run(a, b, weight, bias, eps, norm: str, config):
+    cfg = TilingConfig.from_dict(config)
+    (M, N, K), bn, outs, args, kwargs = _prepare(a, b, weight, bias, eps, norm, cfg, need_cuda=True)
+    avail = None
+    if cfg.PERSISTENT or cfg.CLUSTER_SIZE > 8:
+        # compile (cached) to query the occupancy; for 16-CTA clusters this also sets the non-portable attribute
+        ck = _multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE, ), **kwargs)
+        avail = _max_active_clusters(ck, cfg.CLUSTER_SIZE, a.device)
+        if cfg.CLUSTER_SIZE > 8 and avail is None:
+            raise RuntimeError(f"CLUSTER_SIZE={cfg.CLUSTER_SIZE} needs the non-portable cluster attribute, set "
+                               "through cuOccupancyMaxActiveClusters, which is unavailable here")
+    grid = _grid(cfg, M, avail)
+    with torch.cuda.device(a.device):
+        _multi_cta_norm_kernel[grid](*args, **kwargs)
+    return outs
+
+
+def matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float = 1e-6,
+                   config=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``y = rmsnorm(a @ b) (* weight)`` in one kernel: the row statistics span a thread-block cluster (DSMEM).
+
+    Args:
+        a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA, 16-byte aligned (K multiple of 8).
+        b: ``[K, N]`` same dtype and device, row-major contiguous (N multiple of 8; N <= CLUSTER_SIZE * BLOCK_N).
+        weight: ``[N]`` of a's dtype, or None.
+        eps: added to the mean square inside the rsqrt (finite, > 0).
+        config: ``TilingConfig``, a dict of overrides, or None for ``DEFAULT_CONFIG`` (CLUSTER_SIZE=4).
+
+    Returns:
+        ``(y [M, N] a.dtype, rstd [M] fp32)``.
+
+    Raises:
+        TypeError: non-tensors, mixed dtypes, dtypes other than bf16/fp16.
+        ValueError: wrong ranks, mismatched K, non-contiguous or misaligned inputs (TMA: 16-byte base and
+            rows), non-CUDA tensors, eps <= 0, an invalid config (e.g. an unsupported CLUSTER_SIZE) or one that
+            cannot serve N (``TilingConfig.block_n``: N larger than the cluster can cover).
+
+    Sources: PyTorch blog "Towards Free Normalization" (multi-CTA norm fusion),
+    https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+    TLX, https://github.com/facebookexperimental/triton
+    """
+    y, _, rstd = _run(a, b, weight, None, eps, "rms", config)
+    return y, rstd
+
+
+def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None, *, eps: float = 1e-5,
+                     config=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``y = layernorm(a @ b) (* weight + bias)`` (biased variance) in one kernel; the per-CTA (sum, centred sum
+    of squares) are exchanged once through DSMEM and merged in rank order with Chan's formula (module docstring).
+
+    Args and errors as ``matmul_rmsnorm``; ``bias``: ``[N]`` of a's dtype, or None.
+
+    Returns:
+        ``(y [M, N] a.dtype, mean [M] fp32, rstd [M] fp32)``.
+    """
+    return _run(a, b, weight, bias, eps, "layer", config)
+
+
+def matmul_cluster(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:
+    """``a @ b`` with the fused kernel's cluster schedule and no norm (diagnostic: fused minus this is the cost
+    of the norm epilogue and exchange; this minus ``matmul`` the cost of the cluster schedule). Args as
+    ``matmul_rmsnorm``; returns ``y [M, N]``."""
+    y, _, _ = _run(a, b, None, None, None, "none", config)
+    return y
+
+
+def _ptx_extras(ptx: str) -> dict:
+    """PTX facts of the protocol: DSMEM stores, cluster barriers, multicast TMA, remote arrives, setmaxnreg."""
+    return {
+        "st_async": len(re.findall(r"st\.async\.shared::cluster\.mbarrier::complete_tx", ptx)),
+        "barrier_cluster_arrive": ptx.count("barrier.cluster.arrive"),
+        "barrier_cluster_wait": ptx.count("barrier.cluster.wait"),
+        "fence_mbarrier_init": ptx.count("fence.mbarrier_init"),
+        "tma_multicast": len(re.findall(r"cp\.async\.bulk\.tensor[^\n]*multicast::cluster", ptx)),
+        "remote_arrive": len(re.findall(r"mbarrier\.arrive[^\n]*shared::cluster", ptx)),
+        "cluster_ctarank": ptx.count("%cluster_ctarank"),
+        "mbarrier_expect_tx": ptx.count("expect_tx"),
+        "mbarrier_try_wait": ptx.count("mbarrier.try_wait"),
+        "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+        "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)),
+        "reqnctapercluster": (re.search(r"\.reqnctapercluster\s+([\d, ]+)", ptx) or [None, None])[1],
+    }
+
+
+def _ttgir_cluster_sync(ttgir: str) -> dict:
+    """Cluster barriers per region of the TTGIR: ``pre`` (before ``ttg.warp_specialize``: must be 0, see the
+    entry rendezvous in the kernel) and ``regions``: [arrive, wait] for the default region and each partition
+    (every region must hold the same counts, or the warps of a CTA would disagree on the barrier phases)."""
+    i = ttgir.find("ttg.warp_specialize")
+    if i < 0:
+        return {"pre": ttgir.count("ttng.cluster_arrive"), "regions": []}
+    regions = re.split(r"\bpartition\d+\(", ttgir[i:])
+    return {"pre": ttgir[:i].count("ttng.cluster_arrive"),
+            "regions": [[r.count("ttng.cluster_arrive"), r.count("ttng.cluster_wait")] for r in regions]}
+
+
+def _ptxas_info(ptx: str) -> dict:
+    """``ptxas -v`` on the PTX (sm_90a): registers and spill bytes (None where unparsed)."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        src = f"{d}/k.ptx"
+        with open(src, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", src, "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True, timeout=300).stderr
+
+    def grab(pattern):
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else None
+
+    return {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
+            "spill_loads": grab(r"(\d+) bytes spill loads")}
+
+
+def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None,
+                 affine: bool = False, ptxas: bool = False) -> dict:
+    """Compile ``op`` for sm_90a without a GPU and summarize the result (never launches).
+
+    The caller must already have run ``normfuse.compile_only.install(90)`` in this process. ``a [M, K]``, ``b
+    [K, N]``: CPU (or CUDA) bf16/fp16 tensors (never read; shapes, dtype and alignment matter). ``op``:
+    ``"matmul_rmsnorm"``, ``"matmul_layernorm"`` or ``"matmul"`` (the Lazy Pre-Norm module's GEMM, with its own
+    ``TilingConfig``: delegated to ``kernels_tlx.lazy_prenorm.compile_sm90``). ``affine``: also pass a weight
+    (and a bias for LayerNorm). ``ptxas``: add ``ptxas -v`` registers/spills (slower).
+
+    Returns ``normfuse.compile_only.summarize(compiled)`` (ptx_markers incl. ``mapa`` / ``wgmma`` / ``tma_load``,
+    shared_bytes, num_warps, smem_ok, cluster_dims) plus ``ptx_extra`` (``_ptx_extras``), ``grid`` (the
+    non-persistent grid; the persistent one needs the GPU's occupancy), ``block_n``, ``config``,
+    ``smem_estimate`` and, with ``ptxas``, ``ptxas``. Raises like the ops (minus the CUDA check).
+    """
+    from normfuse.compile_only import summarize
+
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    if op == "matmul":
+        return _lp.compile_sm90("matmul", a, b, config=config)
+    norm = _NORM_OF_OP[op]
+    cfg = TilingConfig.from_dict(config)
+    N = b.shape[1] if isinstance(b, torch.Tensor) and b.dim() == 2 else 8
+    w = torch.empty(N, dtype=a.dtype, device=a.device) if affine and isinstance(a, torch.Tensor) else None
+    bias = torch.empty(N, dtype=a.dtype, device=a.device) if affine and norm == "layer" and w is not None else None
+    (M, N, K), bn, _, args, kwargs = _prepare(a, b, w, bias, eps, norm, cfg, need_cuda=False)
+    grid = _grid(cfg, M, None)
+    compiled = _multi_cta_norm_kernel.warmup(*args, grid=grid, **kwargs)
+    ptx = compiled.asm["ptx"]
+    out = summarize(compiled)
+    out["ptx_extra"] = _ptx_extras(ptx)
+    out["ttgir_cluster_sync"] = _ttgir_cluster_sync(compiled.asm["ttgir"])
+    out["expect_tx_bytes"] = sorted({int(v) for v in re.findall(r"mbarrier\.arrive\.expect_tx[^\n]*, (\d+);", ptx)})
+    if ptxas:
+        out["ptxas"] = _ptxas_info(ptx)
+    out["grid"] = list(grid)
+    out["block_n"] = bn
+    out["config"] = cfg.to_dict()
+    out["smem_estimate"] = cfg.smem_bytes(bn, 2 if norm == "layer" else 1, a.element_size())
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU self-check: python -m kernels_tlx.multi_cta [--quick] [--config NAME ...]
+# ------------------------------------------------------------------------------------------------------------
+# (M, N, K): each config runs the shapes it supports (TilingConfig.supports(N)). Odd M (1, 257, 129, 17793: a
+# last M-tile of 1 row, consumer 1 wholly out of bounds), K tails and K < BLOCK_K, a last rank owning 8 columns
+# (N = 264, 392, 456) or a partial slice (1000, 2000, 4000), persistent walks of several tiles per cluster.
+_CHECK_SHAPES = [
+    (1, 200, 1000),  # c1 (N <= 256), M = 1
+    (257, 264, 1000),  # c2: rank 1 owns 8 columns
+    (1000, 392, 72),  # c4 with BLOCK_N = 128: rank 3 owns 8 columns; 1 full + 1 partial K step
+    (129, 456, 8),  # c8 with BLOCK_N = 64: rank 7 owns 8 columns; one mostly zero-filled K step
+    (1000, 1000, 1000),  # c4 (BLOCK_N 256) / c8 (128) / c16 (64)
+    (17793, 1000, 520),  # 140 M-tiles: every persistent cluster walks several, the last holds 1 row
+    (4096, 2000, 1024),  # c8 (BLOCK_N 256: rank 7 owns 208) / c16 (128)
+    (300, 4000, 264),  # c16 (BLOCK_N 256): the non-portable 16-CTA cluster
+    (262144, 1024, 1024),  # blog shape (skipped by --quick)
+]
+_BENCH_SHAPES = [(262144, N, K) for K in (512, 1024, 2048) for N in (512, 1024, 2048, 4096)]
+_MEAN_SHIFT = 30.0  # LayerNorm inputs: row means ~30x the row spread (E[x^2] - mean^2 would lose ~10 bits)
+_EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
+_DEVICE = "cuda"
+
+
+def _self_check(argv=None) -> int:
+    """Every shipped config x both variants x affine on/off against the fp32 reference (``multi_cta.check``: y
+    within the flash-attention tolerance, mean/rstd to 1e-3) at the ``_CHECK_SHAPES`` it supports, LayerNorm on
+    mean-shifted inputs; bitwise determinism (a second launch must reproduce y and the statistics exactly); then
+    (unless --quick / --no-bench) timings at M = 262144: cuBLAS, the torch.compile norm, this DSL's GEMM, the
+    fused kernel and the same kernel without the norm (``matmul_cluster``), with % of the norm hidden.
+
+    A hung launch (barrier deadlock) aborts the process after ``--hang-timeout`` seconds with a traceback, so the
+    last ``[run ]`` line names the culprit. Outputs are NaN-poisoned through the caching allocator first."""
+    import argparse
+    import faulthandler
+    import sys
+    import time
+
+    p = argparse.ArgumentParser(description="GPU correctness + speed check of the TLX multi-CTA norm-fusion kernels")
+    p.add_argument("--config", action="append", choices=sorted(SHIPPED_CONFIGS),
+                   help="config(s) to check, repeatable (default: all shipped)")
+    p.add_argument("--quick", action="store_true", help="skip the M=262144 check and all timing")
+    p.add_argument("--no-bench", action="store_true", help="correctness only")
+    p.add_argument("--no-affine", action="store_true", help="skip the affine (weight/bias) checks")
+    p.add_argument("--hang-timeout", type=float, default=120.0,
+                   help="seconds before a hung launch aborts the process with a traceback")
+    args = p.parse_args(argv)
+    names = args.config or list(SHIPPED_CONFIGS)
+    shapes = [s for s in _CHECK_SHAPES if not (args.quick and s[0] >= 262144)]
+    print(f"triton {triton.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+          f"{_num_sms(torch.device(_DEVICE))} SMs", flush=True)
+
+    def guarded(fn):
+        faulthandler.dump_traceback_later(args.hang_timeout, exit=True, file=sys.__stderr__)
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            return out
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    def call(variant, inp, eps, cfg):
+        if variant == "rmsnorm":
+            return matmul_rmsnorm(inp["a"], inp["b"], inp["weight"], eps=eps, config=cfg)
+        return matmul_layernorm(inp["a"], inp["b"], inp["weight"], inp["bias"], eps=eps, config=cfg)
+
+    failures = []
+    for name in names:
+        cfg = SHIPPED_CONFIGS[name]
+        occ = None
+        for (M, N, K) in shapes:
+            if not cfg.supports(N):
+                continue
+            if occ is None:
+                occ = guarded(lambda: cluster_occupancy(cfg, N))
+                print(f"[info] {name}: {occ} co-resident clusters of {cfg.CLUSTER_SIZE} "
+                      f"(persistent={cfg.PERSISTENT})", flush=True)
+            for variant in _spec.VARIANTS:
+                for affine in ((False,) if args.no_affine else (False, True)):
+                    eps = _EPS[variant]
+                    inp = _spec.make_inputs(M, N, K, dtype="bf16", device=_DEVICE, seed=M + N + K + affine,
+                                            affine=affine, mean_shift=_MEAN_SHIFT if variant == "layernorm" else 0.0)
+                    torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=_DEVICE)  # poison the allocator
+                    print(f"[run ] {name:12s} {variant:9s} M={M:6d} N={N:5d} K={K:5d} affine={affine:d} ...", end=" ",
+                          flush=True)
+                    t0 = time.perf_counter()
+                    out = guarded(lambda: call(variant, inp, eps, cfg))
+                    res = _spec.check("fused", out, inp, eps, variant)
+                    again = guarded(lambda: call(variant, inp, eps, cfg))
+                    same = all(torch.equal(x, y) for x, y in zip(out, again))
+                    ok = res["ok"] and same
+                    if not ok:
+                        failures.append(f"{name} {variant} {M}x{N}x{K} affine={affine}"
+                                        + ("" if same else " (not deterministic)"))
+                    stats = " ".join(f"{k}={v:.1e}" for k, v in res.items() if k.endswith("_rel_err") and k != "rel_err")
+                    print(f"{'ok  ' if ok else 'FAIL'} max_abs={res['max_abs_err']:.3e} tol={res['tol']:.3e} {stats} "
+                          f"bitwise-repeat={'yes' if same else 'NO'} ({time.perf_counter() - t0:.1f}s)", flush=True)
+                    del out, again, inp
+        torch.cuda.empty_cache()
+
+    if not (args.quick or args.no_bench):
+        from triton.testing import do_bench
+
+        gemm_cfg = _lp.TilingConfig()  # the Lazy Pre-Norm module's default persistent 128x256x64 GEMM
+        for (M, N, K) in _BENCH_SHAPES:
+            inp = _spec.make_inputs(M, N, K, dtype="bf16", device=_DEVICE, seed=0)
+            a, b = inp["a"], inp["b"]
+            c = a @ b
+            print(f"--- timing M={M} N={N} K={K} bf16 (do_bench median, L2 flushed) ---", flush=True)
+
+            def bench(label, fn):
+                guarded(fn)
+                ms = guarded(lambda: do_bench(fn, return_mode="median"))
+                print(f"{label:40s} {ms * 1e3:9.1f} us", flush=True)
+                return ms
+
+            t_cublas = bench("cublas a@b", lambda: a @ b)
+            t_gemm = bench("tlx matmul (lazy_prenorm default)", lambda: matmul(a, b, config=gemm_cfg))
+            for variant in _spec.VARIANTS:
+                eps = _EPS[variant]
+                torch._dynamo.reset()
+                norm = torch.compile(lambda x, v=variant, e=eps: _spec._torch_norm(v, x, None, None, e),
+                                     dynamic=False)
+                t_norm = bench(f"torch.compile {variant} of C", lambda: norm(c))
+                for name in names:
+                    cfg = SHIPPED_CONFIGS[name]
+                    if not cfg.supports(N):
+                        continue
+                    t_f = bench(f"tlx fused {variant} [{name}]", lambda: call(variant, inp, eps, cfg))
+                    t_cg = bench(f"tlx cluster gemm (no norm) [{name}]", lambda: matmul_cluster(a, b, config=cfg))
+                    best_gemm = min(t_gemm, t_cublas)
+                    print(f"{'':40s} hidden_dsl {100 * (t_gemm + t_norm - t_f) / t_norm:6.1f}%  "
+                          f"vs best GEMM {100 * (best_gemm + t_norm - t_f) / t_norm:6.1f}%  "
+                          f"norm epilogue cost {100 * (t_f - t_cg) / t_norm:6.1f}% of the norm, "
+                          f"cluster schedule {100 * (t_cg - t_gemm) / t_gemm:+.1f}% of the GEMM", flush=True)
+            del inp, a, b, c
+            torch.cuda.empty_cache()
+
+    print("ALL OK" if not failures else f"{len(failures)} FAILURE(S): " + "; ".join(failures), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    sys.exit(_self_check())

@@ -1,0 +1,343 @@
+"""Tests of ``kernels_tlx.multi_cta`` (TLX venv: ``.venv-tlx/bin/python -m pytest tests/tlx/test_multi_cta_tlx.py``).
+
+1. Compile-only for sm_90a (TLX has no interpreter), in subprocesses (the fake driver is process-global): every
+   shipped config x both ops at its target N (the blog grid) and at a ragged N with affine. Asserts: wgmma and
+   TMA (``cp.async.bulk.tensor``) in the PTX, the cluster shape (``.reqnctapercluster C, 1, 1``), and for
+   clusters the DSMEM protocol -- ``mapa``, one ``st.async ... complete_tx`` site per (consumer, static peer,
+   row pair, statistic), the exchange barrier armed with exactly the bytes the C - 1 peers push, entry and exit
+   ``barrier.cluster`` in *every* warp-specialized region and none before the split (else the warps of a CTA
+   disagree on the cluster-barrier phase: a deadlock that compile-only can see), ``.multicast::cluster`` TMA
+   and remote ``mbarrier.arrive`` exactly with MULTICAST_A; no cluster instruction at all for CLUSTER_SIZE=1.
+   Shared memory under 227 KB and within 4 KB of the estimate, setmaxnreg, no ptxas spills (<= 64 B with affine).
+2. Config and input validation (in-process: raised before anything is compiled or launched): N too wide for the
+   cluster, idle ranks, unsupported cluster sizes, misaligned or non-contiguous inputs, bad affine vectors.
+3. The GPU self-check script, run end to end on the CPU with torch stand-ins for the kernels.
+4. GPU (marker ``gpu``): every shipped config through the sweep worker's check.
+
+Compile-only does not catch deadlocks from wrong barrier phases, races or numerics: ``python -m
+kernels_tlx.multi_cta`` on the H200 is the correctness test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): run with .venv-tlx/bin/python")
+
+from kernels_tlx import multi_cta as km  # noqa: E402
+from kernels_tlx.multi_cta import DEFAULT_CONFIG, SHIPPED_CONFIGS, TilingConfig  # noqa: E402
+from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
+
+# (target N on the blog grid + N = 4096, ragged N compiled with affine) per shipped config
+TARGET_N = {"c1": 256, "c2": 512, "c4": 1024, "c8": 2048, "c8_mcast": 1024, "c16_subtile": 4096}
+RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_subtile": 4000}
+COMPILE_M, COMPILE_K = 4096, 1024
+OPS = ("matmul_rmsnorm", "matmul_layernorm")
+
+
+# --------------------------------------------------------------------------------------------------------
+# 1. compile-only for sm_90a
+# --------------------------------------------------------------------------------------------------------
+_COMPILE_SCRIPT = r"""
+import json, sys, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_tlx import multi_cta as km
+
+out = {}
+for name, N, K, affine in json.loads(sys.argv[1]):
+    a = torch.empty(4096, K, dtype=torch.bfloat16)  # never read
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    for op in ("matmul_rmsnorm", "matmul_layernorm"):
+        out[f"{name}/{op}/{N}/{K}/{int(affine)}"] = km.compile_sm90(op, a, b, config=km.SHIPPED_CONFIGS[name],
+                                                                    affine=affine, ptxas=True)
+print(json.dumps(out))
+"""
+
+
+def _jobs():
+    jobs = []
+    for name in SHIPPED_CONFIGS:
+        jobs.append((name, TARGET_N[name], COMPILE_K, False))
+        jobs.append((name, RAGGED_N[name], 72, True))  # ragged N, a K tail, affine
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    jobs = _jobs()
+    halves = [jobs[0::2], jobs[1::2]]  # two subprocesses in parallel
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("TRITON_INTERPRET", None)
+    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(h)], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in halves]
+    out = {}
+    for p in procs:
+        so, se = p.communicate(timeout=400)
+        if p.returncode != 0:
+            pytest.fail(f"compile subprocess failed (rc={p.returncode})\n--- stderr\n{se[-6000:]}")
+        out.update(json.loads(so.strip().splitlines()[-1]))
+    return out
+
+
+def test_targets_cover_every_shipped_config():
+    assert set(TARGET_N) == set(RAGGED_N) == set(SHIPPED_CONFIGS)
+    assert SHIPPED_CONFIGS["c4"] == DEFAULT_CONFIG
+    assert 3 <= len(SHIPPED_CONFIGS) <= 6
+    for name, cfg in SHIPPED_CONFIGS.items():
+        assert cfg.supports(TARGET_N[name]) and cfg.supports(RAGGED_N[name]), name
+    # the blog grid (N = 512, 1024, 2048) and the Hopper limit N = 4096 each have a shipped config
+    assert {512, 1024, 2048, 4096} <= {N for N in (512, 1024, 2048, 4096)
+                                       for c in SHIPPED_CONFIGS.values() if c.supports(N)}
+    assert {c.CLUSTER_SIZE for c in SHIPPED_CONFIGS.values()} == {1, 2, 4, 8, 16}
+
+
+def test_compile_all_configs(compiled):
+    assert len(compiled) == 2 * len(_jobs())
+    for key, r in compiled.items():
+        name, op, N, K, affine = key.split("/")
+        N, affine = int(N), bool(int(affine))
+        cfg = SHIPPED_CONFIGS[name]
+        C, nstat = cfg.CLUSTER_SIZE, (2 if op == "matmul_layernorm" else 1)
+        mk, ex = r["ptx_markers"], r["ptx_extra"]
+        bn = cfg.block_n(N)
+        assert r["block_n"] == bn and C * bn >= N > (C - 1) * bn, key
+        assert r["num_warps"] == 12 == cfg.num_warps_total, key
+        assert r["smem_ok"] and r["shared_bytes"] <= SMEM_LIMIT_BYTES, key
+        assert 0 <= r["smem_estimate"] - r["shared_bytes"] <= 4096, (key, r["smem_estimate"], r["shared_bytes"])
+        assert mk["wgmma"] > 0 and mk["tma_load"] > 0 and mk["mbarrier"] > 0, (key, mk)
+        assert cfg.CONSUMER_REGS in ex["setmaxnreg"], (key, ex["setmaxnreg"])
+        assert ex["wgmma_wait_1"] >= 1, key  # async_dot_wait(1) pipelining kept
+        stage = (cfg.BLOCK_M * cfg.BLOCK_K + cfg.BLOCK_K * bn) * 2
+        assert stage in r["expect_tx_bytes"], (key, r["expect_tx_bytes"])
+        # no spills; with affine (loads kept inside the tile loop: kernels_tlx.multi_cta._affine) at most a few
+        # registers' worth (32 B seen for LayerNorm at N = 264, whose masked affine loads cannot be vectorized)
+        spills = r["ptxas"]["spill_stores"] + r["ptxas"]["spill_loads"]
+        assert spills <= (64 if affine else 0), (key, r["ptxas"])
+        if C == 1:
+            assert r["cluster_dims"] in ([], [1, 1, 1]) and ex["reqnctapercluster"] is None, key
+            assert mk["mapa"] == 0 and ex["st_async"] == 0 and ex["barrier_cluster_arrive"] == 0, (key, ex)
+            assert ex["tma_multicast"] == 0 and ex["remote_arrive"] == 0, key
+            assert r["expect_tx_bytes"] == [stage], key
+            continue
+        assert r["cluster_dims"] == [C, 1, 1] and ex["reqnctapercluster"].replace(" ", "") == f"{C},1,1", key
+        assert r["grid"] == [-(-COMPILE_M // cfg.BLOCK_M) * C], key
+        # DSMEM exchange: st.async sites = consumers x static peer loop x 2 rows per thread x statistics
+        assert ex["st_async"] == cfg.NUM_CONSUMERS * C * 2 * nstat, (key, ex)
+        assert mk["mapa"] >= ex["st_async"], key
+        recv = nstat * cfg.rows_per_consumer * 4 * (C - 1)
+        assert recv in r["expect_tx_bytes"], (key, r["expect_tx_bytes"], recv)
+        assert ex["fence_mbarrier_init"] >= 1 and ex["cluster_ctarank"] >= 1, key
+        # entry + exit cluster barrier in the producer and each consumer region, none before the split
+        sync = r["ttgir_cluster_sync"]
+        assert sync["pre"] == 0, (key, sync)
+        assert sync["regions"] == [[2, 2]] * (1 + cfg.NUM_CONSUMERS), (key, sync)
+        if cfg.MULTICAST_A:
+            # 1/C of each consumer's A box per CTA, multicast to all: C static sites x consumers x (2 code paths:
+            # the branch on the runtime rank is unrolled) -- at least C * consumers
+            assert ex["tma_multicast"] >= C * cfg.NUM_CONSUMERS, (key, ex)
+            assert ex["remote_arrive"] >= 2 * C * cfg.NUM_CONSUMERS, (key, ex)  # releases to every CTA
+        else:
+            assert ex["tma_multicast"] == 0 and ex["remote_arrive"] == 0, (key, ex)
+
+
+def test_multicast_a_box_is_a_slice():
+    """With MULTICAST_A each CTA loads 64 / C rows of every consumer's A box (checked on the host side)."""
+    a = torch.empty(4096, 1024, dtype=torch.bfloat16)
+    b = torch.empty(1024, 2048, dtype=torch.bfloat16)
+    for cfg, rows in ((SHIPPED_CONFIGS["c8_mcast"], 8), (SHIPPED_CONFIGS["c8"], 64)):
+        _, bn, _, args, kwargs = km._prepare(a, b, None, None, 1e-6, "rms", cfg, need_cuda=False)
+        assert list(args[0].block_shape) == [rows, 64] and list(args[1].block_shape) == [64, bn]
+        assert kwargs["ctas_per_cga"] == (8, 1, 1) and kwargs["MULTICAST_A"] == cfg.MULTICAST_A
+
+
+# --------------------------------------------------------------------------------------------------------
+# 2. config and input validation
+# --------------------------------------------------------------------------------------------------------
+def test_config_defaults_round_trip_and_block_n():
+    assert DEFAULT_CONFIG == TilingConfig() == TilingConfig.from_dict(None) == TilingConfig.from_dict({})
+    for cfg in SHIPPED_CONFIGS.values():
+        assert TilingConfig.from_dict(cfg.to_dict()) == cfg
+    c = TilingConfig
+    assert c(CLUSTER_SIZE=2).block_n(512) == 256 and c(CLUSTER_SIZE=4).block_n(1024) == 256
+    assert c(CLUSTER_SIZE=8).block_n(2048) == 256 and c(CLUSTER_SIZE=8).block_n(1024) == 128
+    assert c(CLUSTER_SIZE=16, EPILOGUE_SUBTILE=True).block_n(4096) == 256
+    assert c(CLUSTER_SIZE=1).block_n(256) == 256 and c(CLUSTER_SIZE=1).block_n(8) == 32
+    assert c(CLUSTER_SIZE=4, BLOCK_N=128).block_n(512) == 128
+
+
+@pytest.mark.parametrize("cfg, N, match", [
+    ({"CLUSTER_SIZE": 8}, 4096, "too wide.*CLUSTER_SIZE \\* BLOCK_N = 8 \\* 256 = 2048"),
+    ({"CLUSTER_SIZE": 1}, 512, "too wide.*N <= 2048 with portable clusters"),
+    ({"CLUSTER_SIZE": 2, "BLOCK_N": 128}, 512, "too wide"),
+    ({"CLUSTER_SIZE": 8, "BLOCK_N": 256}, 512, "ranks 2..7 would idle"),
+    ({"CLUSTER_SIZE": 4}, 520, "idle"),
+    ({"CLUSTER_SIZE": 16}, 4096, "shared memory"),  # LayerNorm slots of 16 CTAs: needs EPILOGUE_SUBTILE
+])
+def test_block_n_rejects(cfg, N, match):
+    config = TilingConfig.from_dict(cfg)
+    with pytest.raises(ValueError, match=match):
+        config.block_n(N)
+    assert not config.supports(N)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"CLUSTER_SIZE": 3}, "CLUSTER_SIZE=3 is not supported"),
+    ({"CLUSTER_SIZE": 32}, "not supported"),
+    ({"CLUSTER_SIZE": 0}, "positive"),
+    ({"BLOCK_N": 512}, "BLOCK_N=512 must be in"),
+    ({"BLOCK_N": 96}, "power of 2"),
+    ({"BLOCK_M": 256}, "must be 64"),
+    ({"NUM_CONSUMERS": 3, "BLOCK_M": 192}, "power of 2"),
+    ({"NUM_STAGES": 1}, "NUM_STAGES"),
+    ({"BLOCK_K": 256}, "BLOCK_K"),
+    ({"CONSUMER_REGS": 250}, "multiple of 8"),
+    ({"CONSUMER_REGS": 256}, "register file"),
+    ({"CLUSTER_SIZE": 1, "MULTICAST_A": True}, "MULTICAST_A=True needs CLUSTER_SIZE >= 2"),
+    ({"CLUSTER_SIZE": 16, "MULTICAST_A": True, "EPILOGUE_SUBTILE": True}, "CLUSTER_SIZE <= 8"),
+    ({"PERSISTENT": 1}, "bool"),
+    ({"NUM_STAGES": 6, "BLOCK_N": 256}, "shared memory"),
+    ({"BLOCK_N": 256, "CONSUMER_REGS": 184}, "accumulator registers"),
+    ({"CLUSTERSIZE": 2}, "unknown"),
+])
+def test_config_rejects(bad, match):
+    with pytest.raises(ValueError, match=match):
+        TilingConfig.from_dict(bad)
+
+
+def _ab(M=64, N=512, K=64, dtype=torch.bfloat16):
+    return torch.randn(M, K).to(dtype), torch.randn(K, N).to(dtype)
+
+
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_bad_inputs(op):
+    fn = km.matmul_rmsnorm if op == "rms" else km.matmul_layernorm
+    a, b = _ab()
+    with pytest.raises(TypeError):
+        fn(a.float(), b.float())  # fp32: not supported by the TLX kernel
+    with pytest.raises(TypeError):
+        fn(a, b.half())  # mixed dtypes
+    with pytest.raises(TypeError):
+        fn(a.float().numpy(), b)
+    with pytest.raises(ValueError, match="2-D"):
+        fn(a[None], b)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        fn(a, torch.randn(72, 512).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="contiguous"):
+        fn(torch.randn(128, 64).to(torch.bfloat16)[::2], b)
+    with pytest.raises(ValueError, match="multiple of 8"):  # K: 16-byte TMA rows
+        fn(torch.randn(64, 60).to(torch.bfloat16), torch.randn(60, 512).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="multiple of 8"):  # N
+        fn(a, torch.randn(64, 500).to(torch.bfloat16))
+    flat = torch.randn(64 * 64 + 1).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="16-byte aligned"):  # misaligned TMA base address
+        fn(flat[1:].view(64, 64), b)
+    with pytest.raises(ValueError, match="weight"):
+        fn(a, b, torch.ones(256, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="weight"):
+        fn(a, b, torch.ones(512, dtype=torch.float16))
+    with pytest.raises(ValueError, match="eps"):
+        fn(a, b, eps=0.0)
+    with pytest.raises(ValueError, match="eps"):
+        fn(a, b, eps=float("inf"))
+    with pytest.raises(ValueError, match="too wide"):  # N = 4096 > the cluster of 4 x 256
+        fn(a, torch.randn(64, 4096).to(torch.bfloat16), config={"CLUSTER_SIZE": 4})
+    with pytest.raises(ValueError, match="not supported"):
+        fn(a, b, config={"CLUSTER_SIZE": 6})
+    with pytest.raises(ValueError, match="CUDA"):
+        fn(a, b)  # CPU tensors, valid otherwise
+    if op == "ln":
+        with pytest.raises(ValueError, match="bias"):
+            km.matmul_layernorm(a, b, None, torch.ones(500, dtype=torch.bfloat16))
+
+
+def test_compile_sm90_argument_errors():
+    a, b = _ab()
+    with pytest.raises(ValueError, match="unknown op"):
+        km.compile_sm90("matmul_softmax", a, b)
+    with pytest.raises(ValueError, match="too wide"):
+        km.compile_sm90("matmul_rmsnorm", a, torch.empty(64, 4096, dtype=torch.bfloat16), config={"CLUSTER_SIZE": 2})
+    with pytest.raises(ValueError, match="eps"):
+        km.compile_sm90("matmul_layernorm", a, b, eps=-1.0)
+    assert km.matmul is km._lp.matmul  # the 'gemm' impl is the Lazy Pre-Norm module's GEMM
+
+
+# --------------------------------------------------------------------------------------------------------
+# 3. the GPU self-check script, dry-run on the CPU
+# --------------------------------------------------------------------------------------------------------
+def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
+    """``python -m kernels_tlx.multi_cta`` end to end on the CPU with torch stand-ins for the kernels, so that a
+    Python error in it cannot waste GPU time. The stand-ins are wrong on purpose for c8 (wrong statistics) and
+    non-deterministic for c2: the script must report exactly those and exit 1."""
+    import triton.testing
+
+    from normfuse.techniques import multi_cta as T
+
+    calls = {"n": 0}
+
+    def fake(variant):
+        def fn(a, b, *args, eps, config):
+            w = args[0] if args else None
+            bias = args[1] if len(args) > 1 else None
+            ref = T.norm_reference(variant, (a.float() @ b.float()), eps, w, bias)
+            y = ref["y"].to(a.dtype)
+            if config is SHIPPED_CONFIGS["c2"]:
+                calls["n"] += 1
+                y = y.clone()
+                y.view(-1)[0] += calls["n"] * 0.05 * max(abs(y.view(-1)[0].item()), 0.01)  # differs per call
+            stats = tuple(ref[k] * (2 if config is SHIPPED_CONFIGS["c8"] else 1) for k in T.STATS[variant])
+            return (y, *stats)
+        return fn
+
+    monkeypatch.setattr(km, "_DEVICE", "cpu")
+    monkeypatch.setattr(km, "_CHECK_SHAPES", [(1, 200, 40), (70, 264, 16), (33, 1000, 24)])
+    monkeypatch.setattr(km, "_BENCH_SHAPES", [(64, 512, 32)])
+    monkeypatch.setattr(km, "matmul_rmsnorm", fake("rmsnorm"))
+    monkeypatch.setattr(km, "matmul_layernorm", fake("layernorm"))
+    monkeypatch.setattr(km, "matmul", lambda a, b, config=None: (a.float() @ b.float()).to(a.dtype))
+    monkeypatch.setattr(km, "matmul_cluster", lambda a, b, config=None: (a.float() @ b.float()).to(a.dtype))
+    monkeypatch.setattr(km, "cluster_occupancy", lambda cfg, N: 16)
+    monkeypatch.setattr(km, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake")
+    monkeypatch.setattr(torch, "compile", lambda fn, **k: fn)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **k: (fn(), 1.0)[1])
+    rc = km._self_check(["--hang-timeout", "60"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    supported = {name: [s for s in km._CHECK_SHAPES if cfg.supports(s[1])] for name, cfg in SHIPPED_CONFIGS.items()}
+    n_runs = sum(len(v) for v in supported.values()) * 2 * 2
+    assert out.count("[run ]") == n_runs, out
+    n_bad = (len(supported["c8"]) + len(supported["c2"])) * 2 * 2
+    assert out.count(" FAIL max_abs") == n_bad and f"{n_bad} FAILURE(S)" in out, out
+    assert "(not deterministic)" in out and "bitwise-repeat=NO" in out, out
+    assert "hidden_dsl" in out and "tlx cluster gemm" in out, out
+    assert km._self_check(["--config", "c4", "--no-bench"]) == 0
+
+
+# --------------------------------------------------------------------------------------------------------
+# 4. GPU correctness of every shipped config (needs an sm_90 GPU and fbtriton)
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_shipped_multi_cta_configs_correct_on_gpu():
+    """Every TLX config of configs/tiling/multi_cta_h200.yaml at the odd shapes of normfuse.gpu_checks."""
+    from normfuse.gpu_checks import check_all
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TLX kernel targets sm_90 (wgmma, setmaxnreg, clusters)")
+    failures = check_all("tlx", "multi_cta")
+    assert not failures, "\n".join(failures)
