@@ -27,6 +27,11 @@ CHECKS = {  # technique -> (tiling file, shapes, variants, eps)
     "mxnorm": ("mxnorm_h200.yaml", [(1, 32, None), (257, 1056, None), (4096, 4096, None), (1000, 16384, None),
                                     (131072, 1024, None), (16384, 16384, None)],
                ("rmsnorm_cast", "mxnorm_p1", "mxnorm_p2"), 1e-6),
+    # multi_cta: N values that each TLX cluster size can serve (c2: 264/512, c4: 392/1000, c8: 1000/2000,
+    # c16: 2000/4000), a last rank owning 8 columns, M = 1, K tails, more M-tiles than clusters
+    "multi_cta": ("multi_cta_h200.yaml", [(1, 1000, 1000), (257, 264, 1000), (1000, 392, 72), (4096, 512, 512),
+                                          (17793, 1000, 520), (300, 2000, 264), (129, 4000, 8)],
+                  ("rmsnorm", "layernorm"), 1e-5),
 }
 CHECK_TECHNIQUE = {"lazy_prenorm_ln": "lazy_prenorm"}  # check name -> technique, where they differ
 # make_inputs options per check, each set checked at every shape (default: one set, {}); the fused kernels also

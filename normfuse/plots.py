@@ -3,7 +3,9 @@
 * ``hidden_heatmap``: per DSL, % of norm latency hidden (best correct config per cell) over (K, N), like the
   blog's chart, with the blog's B200 values as the last panel;
 * ``hidden_bars``: the DSLs side by side per (K, N), the blog's B200 value marked;
-* ``check_heatmap`` (CPU mode): the correctness check per DSL (error / tolerance); no timings.
+* ``check_heatmap`` (CPU mode): the correctness check per DSL (error / tolerance); no timings;
+* ``cluster_sweep``: % hidden over the thread-block cluster size (configs with a ``CLUSTER_SIZE``: TLX multi-CTA),
+  one panel per (variant, N), one line per K, the blog's B200 value as a dashed line.
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: 
     if blog:
         panels.append((blog_label, _grid(blog, Ks, Ns)))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False, layout="constrained")
-    for ax, (name, grid) in zip(axes[0], panels):
+    for ax, (panel, grid) in zip(axes[0], panels):
         sns.heatmap(grid, ax=ax, annot=True, fmt=".1f", cmap="RdYlGn", vmin=-50, vmax=100, cbar=False,
                     linewidths=0.5, annot_kws={"size": 9})
-        ax.set_title(name)
+        ax.set_title(panel)
         ax.set_xlabel("N")
         ax.set_ylabel("K")
     fig.suptitle(f"{title}: % of norm latency hidden" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
@@ -133,3 +135,62 @@ def bandwidth_lines(best: pd.DataFrame, copy_tbps: float | None, out_dir: Path, 
         ax.legend(fontsize=7)
     fig.suptitle(f"{title}: bandwidth" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
     return _save(fig, out_dir, "bandwidth")
+
+
+def _config_field(cfg, key):
+    """``cfg[key]`` for a config stored as a dict or as a JSON string (parquet); None if absent."""
+    if isinstance(cfg, str):
+        import json
+
+        try:
+            cfg = json.loads(cfg)
+        except ValueError:
+            return None
+    return cfg.get(key) if isinstance(cfg, dict) else None
+
+
+def cluster_sweep(df: pd.DataFrame, out_dir: Path, title: str, subtitle: str = "",
+                  blog: dict | None = None) -> list[Path]:
+    """% of norm latency hidden (hidden_dsl, best correct config per cluster size) over the cluster size, for the
+    fused rows whose config has a ``CLUSTER_SIZE`` (TLX multi-CTA). Panels: rows = variants, columns = N; one
+    line per K; ``blog`` maps variant -> {(K, N): %} (dashed, same colour). Returns [] when no row qualifies."""
+    if "config" not in df.columns:
+        return []
+    d = df[(df["impl"] == "fused") & (df["status"] == "ok")].copy()
+    if d.empty:
+        return []
+    d["C"] = [_config_field(c, "CLUSTER_SIZE") for c in d["config"]]
+    d = d[d["C"].notna() & pd.to_numeric(d["hidden_dsl"], errors="coerce").notna()]
+    if d.empty:
+        return []
+    d["C"] = d["C"].astype(int)
+    d["hidden %"] = 100 * d["hidden_dsl"].astype(float)
+    best = d.loc[d.groupby(["variant", "M", "N", "K", "C"])["hidden %"].idxmax()]
+    variants = sorted(best["variant"].dropna().unique())
+    Ns = sorted(best["N"].unique())
+    Ks = sorted(best["K"].unique())
+    colors = dict(zip(Ks, sns.color_palette("viridis", len(Ks))))
+    fig, axes = plt.subplots(len(variants), len(Ns), figsize=(3.4 * len(Ns), 3.0 * len(variants)), squeeze=False,
+                             layout="constrained", sharey=True)
+    for i, v in enumerate(variants):
+        for j, n in enumerate(Ns):
+            ax = axes[i][j]
+            for k in Ks:
+                g = best[(best.variant == v) & (best.N == n) & (best.K == k)].sort_values("C")
+                if len(g):
+                    ax.plot(g["C"], g["hidden %"], marker="o", color=colors[k], label=f"K={k}")
+                ref = (blog or {}).get(v, {}).get((k, n)) if isinstance((blog or {}).get(v), dict) else None
+                if ref is not None:
+                    ax.axhline(ref, color=colors[k], ls="--", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks([1, 2, 4, 8, 16])
+            ax.set_xticklabels(["1", "2", "4", "8", "16"])
+            ax.axhline(0, color="grey", lw=0.6)
+            ax.set_title(f"{v}, N = {n}", fontsize=9)
+            ax.set_xlabel("CTAs per cluster")
+            if j == 0:
+                ax.set_ylabel("% of norm hidden")
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{title}: cluster-size sweep (best config per size; dashed: blog B200)"
+                 + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    return _save(fig, out_dir, "cluster_sweep")

@@ -25,7 +25,10 @@ def _blog(df: pd.DataFrame, variant=None) -> dict | None:
     blog_variant = getattr(spec, "BLOG_VARIANT", None)
     if variant is not None and blog_variant is not None and variant != blog_variant:
         return None
-    return getattr(spec, "BLOG_HIDDEN_B200", None)
+    blog = getattr(spec, "BLOG_HIDDEN_B200", None)
+    if blog and all(isinstance(k, str) for k in blog):  # keyed by variant first (e.g. multi_cta)
+        return blog.get(variant) if variant is not None else None
+    return blog
 
 
 def _variants(df: pd.DataFrame) -> list:
@@ -77,7 +80,8 @@ def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[P
         t, suffix = (title, "") if len(variants) == 1 else (f"{title} ({variant})", f"_{variant}")
         paths += plots.hidden_heatmap(b, blog, out, t, sub, blog_label=label, suffix=suffix)
         paths += plots.hidden_bars(b, blog, out, t, sub, suffix=suffix)
-    return paths
+    blogs = {v: _blog(df, v) for v in variants} if set(best["M"]) == {262144} else None
+    return paths + plots.cluster_sweep(df, out, title, sub, blog=blogs)  # [] unless configs have CLUSTER_SIZE
 
 
 def _fmt(v, pct=False, nd=1):

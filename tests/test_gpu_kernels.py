@@ -6,7 +6,7 @@ from normfuse.gpu_checks import check_all
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("technique", ["lazy_prenorm", "norms", "naive_fusion", "lazy_prenorm_ln", "mxnorm"])
+@pytest.mark.parametrize("technique", ["lazy_prenorm", "norms", "naive_fusion", "lazy_prenorm_ln", "mxnorm", "multi_cta"])
 @pytest.mark.parametrize("dsl", ["triton", "helion"])
 def test_shipped_configs_correct(dsl, technique):
     failures = check_all(dsl, technique)
