@@ -649,18 +649,60 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
     return (M, N, K), bn, outs, args, kwargs
 
 
+def _occupancy_ctypes(function: int, threads: int, shared: int, C: int) -> int | None:
+    """``cuOccupancyMaxActiveClusters`` through ctypes with the kernel's real block size (its PTX pins it:
+    ``.reqntid``) and dynamic shared memory, after setting ``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED``
+    (needed before any 16-CTA launch). Struct layouts from cuda.h (CUDA 12/13: ``CUlaunchConfig``,
+    ``CUlaunchAttribute`` = id + 4 pad bytes + a 64-byte union). None on any failure."""
+    import ctypes as ct
+
+    class _Dim(ct.Structure):
+        _fields_ = [("x", ct.c_uint), ("y", ct.c_uint), ("z", ct.c_uint)]
+
+    class _Value(ct.Union):
+        _fields_ = [("pad", ct.c_char * 64), ("clusterDim", _Dim), ("align", ct.c_uint64)]
+
+    class _Attr(ct.Structure):
+        _fields_ = [("id", ct.c_int), ("pad", ct.c_char * 4), ("value", _Value)]
+
+    class _Config(ct.Structure):
+        _fields_ = [("gridDimX", ct.c_uint), ("gridDimY", ct.c_uint), ("gridDimZ", ct.c_uint),
+                    ("blockDimX", ct.c_uint), ("blockDimY", ct.c_uint), ("blockDimZ", ct.c_uint),
+                    ("sharedMemBytes", ct.c_uint), ("hStream", ct.c_void_p), ("attrs", ct.POINTER(_Attr)),
+                    ("numAttrs", ct.c_uint)]
+
+    try:
+        lib = ct.CDLL("libcuda.so.1")
+        if C > 8 and lib.cuFuncSetAttribute(ct.c_void_p(function), ct.c_int(14), ct.c_int(1)) != 0:
+            return None  # 14 = CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        attr = _Attr()
+        attr.id = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim = _Dim(C, 1, 1)
+        cfg = _Config(C, 1, 1, threads, 1, 1, shared, None, ct.pointer(attr), 1)
+        n = ct.c_int(0)
+        if lib.cuOccupancyMaxActiveClusters(ct.byref(n), ct.c_void_p(function), ct.byref(cfg)) != 0:
+            return None
+        return n.value
+    except (OSError, AttributeError, TypeError, ValueError):
+        return None
+
+
 def _max_active_clusters(compiled, C: int, device: torch.device) -> int | None:
-    """Co-resident clusters of ``compiled`` on ``device`` (``cuOccupancyMaxActiveClusters`` through the Triton
-    driver utility, which also sets ``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`` on the function:
-    needed before a 16-CTA launch), or None if the query is unavailable."""
+    """Co-resident clusters of ``compiled`` on ``device`` (the persistent grid, in clusters; a GPC only holds
+    whole clusters, so this is not ``#SMs / C``), or None if unknown. First ``_occupancy_ctypes`` (real block
+    size); else the Triton driver utility (it queries 128-thread blocks, so its shared memory is raised to
+    force the one CTA per SM that the real kernel gets; it also sets the non-portable attribute)."""
     key = (device.index, id(compiled))
     if key not in _MAX_CLUSTERS_CACHE:
         n = None
         try:
             compiled._init_handles()
-            util = triton.runtime.driver.active.utils.cuOccupancyMaxActiveClusters
-            n = int(util(compiled.function, max(int(compiled.metadata.shared), _ONE_CTA_PER_SM_SMEM), C))
-        except Exception:  # noqa: BLE001  (e.g. a launcher build without the utility): caller falls back
+            shared = int(compiled.metadata.shared)
+            n = _occupancy_ctypes(compiled.function, 32 * int(compiled.metadata.num_warps), shared, C)
+            if not n:
+                util = triton.runtime.driver.active.utils.cuOccupancyMaxActiveClusters
+                n = int(util(compiled.function, max(shared, _ONE_CTA_PER_SM_SMEM), C))
+        except Exception:  # noqa: BLE001  (no driver utility, a driver error): caller falls back
             n = None
         _MAX_CLUSTERS_CACHE[key] = n if n and n > 0 else None
     return _MAX_CLUSTERS_CACHE[key]
@@ -696,8 +738,9 @@ def _run(a, b, weight, bias, eps, norm: str, config):
         ck = _multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE, ), **kwargs)
         avail = _max_active_clusters(ck, cfg.CLUSTER_SIZE, a.device)
         if cfg.CLUSTER_SIZE > 8 and avail is None:
-            raise RuntimeError(f"CLUSTER_SIZE={cfg.CLUSTER_SIZE} needs the non-portable cluster attribute, set "
-                               "through cuOccupancyMaxActiveClusters, which is unavailable here")
+            raise RuntimeError(f"CLUSTER_SIZE={cfg.CLUSTER_SIZE}: no co-resident {cfg.CLUSTER_SIZE}-CTA cluster "
+                               "(cuOccupancyMaxActiveClusters returned 0 or failed): non-portable cluster sizes "
+                               "need a GPC with that many free SMs")
     grid = _grid(cfg, M, avail)
     with torch.cuda.device(a.device):
         _multi_cta_norm_kernel[grid](*args, **kwargs)
