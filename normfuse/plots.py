@@ -39,13 +39,13 @@ def _grid(values: dict, Ks, Ns) -> pd.DataFrame:
 
 
 def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "",
-                   blog_label: str = BLOG_LABEL, suffix: str = "") -> list[Path]:
+                   blog_label: str = BLOG_LABEL, suffix: str = "", metric: str = "hidden_dsl") -> list[Path]:
     """Heatmaps of 100·hidden_dsl per DSL over (K rows, N columns); ``blog`` maps (K, N) -> % (B200), drawn as the
     last panel titled ``blog_label``. Written as ``hidden_heatmap<suffix>.png|pdf``."""
     dsls = [d for d in DSL_ORDER if d in set(best["dsl"])]
     Ks = sorted(set(best["K"]) | {k for k, _ in (blog or {})})
     Ns = sorted(set(best["N"]) | {n for _, n in (blog or {})})
-    panels = [(d, _grid({(r.K, r.N): 100 * r.hidden_dsl for r in best[best.dsl == d].itertuples()}, Ks, Ns))
+    panels = [(d, _grid({(r.K, r.N): 100 * getattr(r, metric) for r in best[best.dsl == d].itertuples()}, Ks, Ns))
               for d in dsls]
     if blog:
         panels.append((blog_label, _grid(blog, Ks, Ns)))
@@ -61,12 +61,12 @@ def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: 
 
 
 def hidden_bars(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "",
-                suffix: str = "") -> list[Path]:
+                suffix: str = "", metric: str = "hidden_dsl") -> list[Path]:
     """Grouped bars: one group per (K, N), one bar per DSL (100·hidden_dsl), the blog's B200 value as a marker.
     Written as ``hidden_bars<suffix>.png|pdf``."""
     d = best.copy()
     d["cell"] = [f"K={r.K}\nN={r.N}" for r in d.itertuples()]
-    d["hidden %"] = 100 * d["hidden_dsl"]
+    d["hidden %"] = 100 * d[metric]
     order = [f"K={k}\nN={n}" for k, n in sorted({(r.K, r.N) for r in d.itertuples()})]
     dsls = [x for x in DSL_ORDER if x in set(d["dsl"])]
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(order)), 3.8))
@@ -121,10 +121,11 @@ def bandwidth_lines(best: pd.DataFrame, copy_tbps: float | None, out_dir: Path, 
     measured copy bandwidth drawn as the ceiling (QuACK-style)."""
     d = best.copy()
     d["impl_label"] = [r.dsl if r.dsl != "torch" else r.impl for r in d.itertuples()]
-    panels = sorted({(r.variant, r.M) for r in d.itertuples()})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.6), squeeze=False, layout="constrained",
-                             sharey=True)
-    for ax, (variant, M) in zip(axes[0], panels):
+    variants = sorted({r.variant for r in d.itertuples()})
+    Ms = sorted({r.M for r in d.itertuples()})
+    fig, axes = plt.subplots(len(variants), len(Ms), figsize=(4.2 * len(Ms), 3.4 * len(variants)), squeeze=False,
+                             layout="constrained", sharey=True)
+    for ax, (variant, M) in zip(axes.flat, [(v, m) for v in variants for m in Ms]):
         g = d[(d.variant == variant) & (d.M == M)]
         sns.lineplot(data=g, x="N", y="gbps", hue="impl_label", marker="o", ax=ax)
         if copy_tbps:

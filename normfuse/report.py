@@ -78,8 +78,11 @@ def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[P
         b = _of_variant(best, variant)
         blog = _blog(df, variant) if set(b["M"]) == {262144} else None
         t, suffix = (title, "") if len(variants) == 1 else (f"{title} ({variant})", f"_{variant}")
-        paths += plots.hidden_heatmap(b, blog, out, t, sub, blog_label=label, suffix=suffix)
-        paths += plots.hidden_bars(b, blog, out, t, sub, suffix=suffix)
+        metric = getattr(spec, "PRIMARY_METRIC", "hidden_dsl")  # naive fusion: hidden_best (DSL GEMMs are weak)
+        if metric != "hidden_dsl":
+            t = f"{t} [{metric}]"
+        paths += plots.hidden_heatmap(b, blog, out, t, sub, blog_label=label, suffix=suffix, metric=metric)
+        paths += plots.hidden_bars(b, blog, out, t, sub, suffix=suffix, metric=metric)
     blogs = {v: _blog(df, v) for v in variants} if set(best["M"]) == {262144} else None
     return paths + plots.cluster_sweep(df, out, title, sub, blog=blogs)  # [] unless configs have CLUSTER_SIZE
 
