@@ -95,19 +95,22 @@ GIT_SHA_FILE = ".normfuse_git_sha"  # written next to a copy of the tree that tr
 
 
 def git_info() -> dict:
-    """The commit being measured: from git, else from ``$NORMFUSE_GIT_SHA`` or the ``.normfuse_git_sha`` file
-    (``git rev-parse --short=12 HEAD > .normfuse_git_sha`` before copying a tree without .git to a GPU host)."""
+    """The commit being measured. ``$NORMFUSE_GIT_SHA`` wins when set (``tools/device_run.sh`` sets it from the
+    ``.normfuse_git_sha`` file written before copying a tree to a GPU host: such a copy may carry a stale ``.git``
+    of an older commit with the changes overlaid), then git, then the ``.normfuse_git_sha`` file alone."""
     def git(*args):
         try:
             return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
         except Exception:  # noqa: BLE001
             return ""
 
+    if os.environ.get("NORMFUSE_GIT_SHA"):
+        return {"git_sha": os.environ["NORMFUSE_GIT_SHA"], "git_dirty": None}
     sha = git("rev-parse", "--short=12", "HEAD")
     if sha:
         return {"git_sha": sha, "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     f = REPO_ROOT / GIT_SHA_FILE
-    sha = os.environ.get("NORMFUSE_GIT_SHA") or (f.read_text().strip() if f.exists() else "")
+    sha = f.read_text().strip() if f.exists() else ""
     return {"git_sha": sha or "unknown", "git_dirty": None}
 
 

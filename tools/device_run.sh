@@ -15,6 +15,8 @@
 set -uo pipefail
 : "${OUT:?set OUT}"
 export PYTHONUNBUFFERED=1
+# the commit measured (written by `git rev-parse --short=12 HEAD > .normfuse_git_sha` before the copy)
+[ -s .normfuse_git_sha ] && export NORMFUSE_GIT_SHA="$(cat .normfuse_git_sha)"
 TLX_PY=(env "PYTHONPATH=$GPUBUNDLE_FBTRITON:$GPUBUNDLE_SITE" python3)
 nvidia-smi --query-gpu=name,power.limit,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$OUT/nvidia_smi.csv" 2>&1
 
