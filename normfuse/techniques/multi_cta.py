@@ -34,7 +34,9 @@ import math
 
 import torch
 
+from normfuse.techniques import norms as _norms
 from normfuse.techniques.lazy_prenorm import DTYPES, check_shape, compare, tolerance, torch_dtype  # noqa: F401
+from normfuse.techniques.naive_fusion import _fp32_matmul, gemm_output  # noqa: F401  (same post-norm GEMM math)
 
 NAME = "multi_cta"
 VARIANTS = ("rmsnorm", "layernorm")
@@ -124,35 +126,10 @@ def make_inputs(M: int, N: int, K: int, *, dtype: str = "bf16", device: str = "c
     return out
 
 
-def _fp32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        return a.float() @ b.float()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-
-
 def norm_reference(variant: str, x: torch.Tensor, eps: float, weight=None, bias=None) -> dict:
-    """fp32 ``variant`` norm of the rows of ``x [M, N]`` (any dtype, upcast): {'y', 'rstd'[, 'mean']} in fp32.
-    LayerNorm is two-pass (mean first, then the centred sum of squares)."""
-    _check_variant(variant)
-    xf = x.float()
-    if variant == "rmsnorm":
-        rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps)
-        y = xf * rstd[:, None]
-        out = {"rstd": rstd}
-    else:
-        mean = xf.mean(-1)
-        xc = xf - mean[:, None]
-        rstd = torch.rsqrt(xc.pow(2).mean(-1) + eps)
-        y = xc * rstd[:, None]
-        out = {"mean": mean, "rstd": rstd}
-    if weight is not None:
-        y = y * weight.float()
-    if bias is not None and variant == "layernorm":
-        y = y + bias.float()
-    return {"y": y, **out}
+    """fp32 ``variant`` norm of the rows of ``x [M, N]`` (any dtype, upcast): {'y', 'rstd'[, 'mean']} in fp32;
+    the standalone norms' reference (``normfuse.techniques.norms.reference``: two-pass LayerNorm)."""
+    return _norms.reference(_check_variant(variant), {"x": x, "weight": weight, "bias": bias}, eps)
 
 
 def reference(variant: str, inputs: dict, eps: float) -> dict:
@@ -172,9 +149,7 @@ def same_dtype(variant: str, inputs: dict, eps: float) -> torch.Tensor:
 
 
 def _torch_norm(variant: str, x: torch.Tensor, w, bias, eps: float) -> torch.Tensor:
-    if variant == "rmsnorm":
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
-    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, bias, eps)
+    return _norms.same_dtype(variant, {"x": x, "weight": w, "bias": bias}, eps)
 
 
 def check_stats(variant: str, stats: tuple, ref: dict) -> dict:
@@ -258,14 +233,6 @@ def kernel_call(kernel, impl: str, inputs: dict, eps: float, config: dict, varia
     return lambda: kernel(a, b, w, bias, eps=eps, config=config)
 
 
-def gemm_output(inputs: dict) -> torch.Tensor:
-    """The bf16 (input-dtype) GEMM output ``a @ b`` that the unfused norm reads; computed once per inputs dict
-    (outside any timed region) and cached in it under ``'c'``."""
-    if inputs.get("c") is None:
-        inputs["c"] = inputs["a"] @ inputs["b"]
-    return inputs["c"]
-
-
 def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
     """Zero-argument callables for the unfused baselines: 'cublas' (``torch.matmul(a, b)``, the GEMM of the
     unfused pair) and 'torch_compile_norm' (the variant's norm, with the same affine, of the precomputed bf16
@@ -274,13 +241,9 @@ def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
     a, b = inputs["a"], inputs["b"]
     if impl == "cublas":
         return lambda: torch.matmul(a, b)
-    if impl == "torch_compile_norm":
-        variant = _check_variant(variant)
-        c = gemm_output(inputs)
-        w, bias = inputs.get("weight"), inputs.get("bias")
-        torch._dynamo.reset()
-        compiled = torch.compile(lambda x: _torch_norm(variant, x, w, bias, eps), dynamic=False)
-        return lambda: compiled(c)
+    if impl == "torch_compile_norm":  # the standalone norms' baseline, on the precomputed GEMM output
+        return _norms.baseline(impl, {"x": gemm_output(inputs), "weight": inputs.get("weight"),
+                                      "bias": inputs.get("bias")}, eps, _check_variant(variant))
     raise ValueError(f"unknown baseline {impl!r}; choices: {', '.join(BASELINES)}")
 
 
