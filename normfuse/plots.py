@@ -61,8 +61,10 @@ def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: 
 
 
 def hidden_bars(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "",
-                suffix: str = "", metric: str = "hidden_dsl") -> list[Path]:
-    """Grouped bars: one group per (K, N), one bar per DSL (100·hidden_dsl), the blog's B200 value as a marker.
+                suffix: str = "", metric: str = "hidden_dsl", naive: dict | None = None,
+                naive_label: str = "naive fusion") -> list[Path]:
+    """Grouped bars: one group per (K, N), one bar per DSL (100·``metric``), the blog's B200 value as a marker and,
+    when given, ``naive`` {(K, N): %} (the best naive-fusion form of the same sweep) as a second marker.
     Written as ``hidden_bars<suffix>.png|pdf``."""
     d = best.copy()
     d["cell"] = [f"K={r.K}\nN={r.N}" for r in d.itertuples()]
@@ -75,6 +77,10 @@ def hidden_bars(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str
         xs = [i for i, c in enumerate(order) if _cell_key(c) in blog]
         ax.scatter(xs, [blog[_cell_key(order[i])] for i in xs], marker="_", s=900, color="black", zorder=5,
                    label="blog B200")
+    if naive:
+        xs = [i for i, c in enumerate(order) if _cell_key(c) in naive]
+        ax.scatter(xs, [naive[_cell_key(order[i])] for i in xs], marker="x", s=60, color="dimgrey", zorder=6,
+                   label=naive_label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("")
     ax.legend(fontsize=8, ncol=4)

@@ -82,7 +82,9 @@ def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[P
         if metric != "hidden_dsl":
             t = f"{t} [{metric}]"
         paths += plots.hidden_heatmap(b, blog, out, t, sub, blog_label=label, suffix=suffix, metric=metric)
-        paths += plots.hidden_bars(b, blog, out, t, sub, suffix=suffix, metric=metric)
+        naive = _naive(_of_variant(df, variant), spec, metric)
+        paths += plots.hidden_bars(b, blog, out, t, sub, suffix=suffix, metric=metric, naive=naive,
+                                   naive_label=getattr(spec, "NAIVE_LABEL", "naive fusion"))
     blogs = {v: _blog(df, v) for v in variants} if set(best["M"]) == {262144} else None
     return paths + plots.cluster_sweep(df, out, title, sub, blog=blogs)  # [] unless configs have CLUSTER_SIZE
 
@@ -93,7 +95,24 @@ def _fmt(v, pct=False, nd=1):
     return f"{100 * v:.{nd}f}" if pct else f"{v:.{nd}f}"
 
 
-def _hidden_rows(df, best, gemm, dsls, blog, first: dict) -> list[dict]:
+def _naive(df: pd.DataFrame, spec, metric: str = "hidden_dsl") -> dict | None:
+    """{(K, N): 100·metric} of the fastest correct fused row whose tiling is the technique's naive-fusion form
+    (config name matching the regular expression ``spec.NAIVE_CONFIG_MARKER``, e.g. Lazy Pre-Norm's tile-schedule
+    ``prepass``: rstd of the tile's rows over all of K first, then the GEMM), over all DSLs; None when the spec names
+    no such form or no row matches."""
+    marker = getattr(spec, "NAIVE_CONFIG_MARKER", None) if spec is not None else None
+    if not marker or "config_name" not in df:
+        return None
+    f = df[(df["impl"] == "fused") & (df["status"] == "ok")
+           & df["config_name"].astype(str).str.contains(marker, regex=True)
+           & pd.to_numeric(df["p50_ms"], errors="coerce").notna()]
+    if f.empty:
+        return None
+    f = f.loc[f.groupby(["M", "K", "N"])["p50_ms"].idxmin()]
+    return {(int(r.K), int(r.N)): 100 * float(getattr(r, metric)) for r in f.itertuples()}
+
+
+def _hidden_rows(df, best, gemm, dsls, blog, first: dict, naive: dict | None = None) -> list[dict]:
     """Summary rows per (M, K, N) of one variant: best hidden_dsl and GEMM/cuBLAS per DSL, best hidden_best, blog."""
     rows = []
     for (M, K, N), _ in df.groupby(["M", "K", "N"]):
@@ -105,6 +124,8 @@ def _hidden_rows(df, best, gemm, dsls, blog, first: dict) -> list[dict]:
             r[f"{d} gemm/cuBLAS %"] = _fmt(g["frac_cublas"].iloc[0], pct=True, nd=0) if len(g) else "–"
         bb = best[(best.M == M) & (best.K == K) & (best.N == N)]
         r["best hidden_best %"] = _fmt(bb["hidden_best"].max(), pct=True) if len(bb) else "–"
+        if naive is not None:
+            r["naive fusion %"] = _fmt(naive.get((K, N)))
         if blog and M == 262144:
             r["blog B200 %"] = _fmt(blog.get((K, N)))
         rows.append(r)
@@ -145,7 +166,8 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
     rows = []
     for variant in variants:  # one block of rows per variant; the blog's value only next to its own variant
         rows += _hidden_rows(_of_variant(df, variant), _of_variant(best, variant), _of_variant(gemm, variant), dsls,
-                             _blog(df, variant), {"variant": variant} if len(variants) > 1 else {})
+                             _blog(df, variant), {"variant": variant} if len(variants) > 1 else {},
+                             naive=_naive(_of_variant(df, variant), _spec(df)))
     lines += ["% of norm latency hidden (hidden_dsl, best correct config) and DSL GEMM as % of cuBLAS:", "",
               pd.DataFrame(rows).fillna("–").to_markdown(index=False)]
     bad = df[df["status"].isin(["incorrect", "error", "timeout", "unsupported"])]

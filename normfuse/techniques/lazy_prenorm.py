@@ -429,6 +429,12 @@ def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
 
 
 # --- the blog's B200 numbers (chart 5, RMSNorm, TLX, B200 @ 750 W, M = 262144), % of norm latency hidden -------
+# The naive-fusion form of pre-norm (the issue's "prologue": rstd of the tile's rows over all of K, then the GEMM)
+# is the tile-schedule `prepass` tiling of this technique (every (m, n) tile first loops over K for its rows' rstd,
+# then runs the GEMM; the row-block schedules compute rstd once per row block and are Lazy Pre-Norm proper). Reports
+# draw its best row beside the Lazy Pre-Norm results. A regular expression over config names:
+NAIVE_CONFIG_MARKER = r"^(?!.*rowblock).*-prepass$"
+NAIVE_LABEL = "naive fusion (per-tile rstd prologue)"
 BLOG_VARIANT = "rmsnorm"  # the blog measured RMSNorm only: no blog column next to the LayerNorm variant
 BLOG_HIDDEN_B200 = {
     (512, 512): 83.93, (512, 1024): 68.14, (512, 2048): 55.81,
