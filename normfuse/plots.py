@@ -28,8 +28,9 @@ BLOG_LABEL = "blog, B200 @ 750 W (TLX)"  # default title of the blog panel (a sp
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
-    for p in paths:
-        fig.savefig(p, bbox_inches="tight", dpi=150)
+    for p in paths:  # no creation date in the PDF: re-deriving a committed run leaves its files unchanged
+        fig.savefig(p, bbox_inches="tight", dpi=150,
+                    metadata={"CreationDate": None} if p.suffix == ".pdf" else {"Software": None})
     plt.close(fig)
     return paths
 

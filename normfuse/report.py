@@ -112,15 +112,18 @@ def _naive(df: pd.DataFrame, spec, metric: str = "hidden_dsl") -> dict | None:
     return {(int(r.K), int(r.N)): 100 * float(getattr(r, metric)) for r in f.itertuples()}
 
 
-def _hidden_rows(df, best, gemm, dsls, blog, first: dict, naive: dict | None = None) -> list[dict]:
-    """Summary rows per (M, K, N) of one variant: best hidden_dsl and GEMM/cuBLAS per DSL, best hidden_best, blog."""
+def _hidden_rows(df, best, gemm, dsls, blog, first: dict, naive: dict | None = None,
+                 metric: str = "hidden_dsl") -> list[dict]:
+    """Summary rows per (M, K, N) of one variant: per DSL ``metric`` (the spec's PRIMARY_METRIC, hidden_dsl by
+    default) of its fastest correct fused config and its best GEMM as % of cuBLAS; best hidden_best; naive; blog."""
     rows = []
     for (M, K, N), _ in df.groupby(["M", "K", "N"]):
         r = {**first, "M": M, "K": K, "N": N}
         for d in dsls:
             b = best[(best.dsl == d) & (best.M == M) & (best.K == K) & (best.N == N)]
             g = gemm[(gemm.dsl == d) & (gemm.M == M) & (gemm.K == K) & (gemm.N == N)]
-            r[f"{d} hidden %"] = _fmt(b["hidden_dsl"].iloc[0], pct=True) if len(b) else "–"
+            label = "hidden %" if metric == "hidden_dsl" else f"{metric} %"
+            r[f"{d} {label}"] = _fmt(b[metric].iloc[0], pct=True) if len(b) else "–"
             r[f"{d} gemm/cuBLAS %"] = _fmt(g["frac_cublas"].iloc[0], pct=True, nd=0) if len(g) else "–"
         bb = best[(best.M == M) & (best.K == K) & (best.N == N)]
         r["best hidden_best %"] = _fmt(bb["hidden_best"].max(), pct=True) if len(bb) else "–"
@@ -139,7 +142,10 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
     lines = ["status counts per dsl:", "", counts.to_markdown(), ""]
     if mode != "gpu":
         d = df.assign(err_over_tol=df["max_abs_err"].astype(float) / df["tol"].astype(float))
-        cols = ["variant", "dsl", "impl", "config_name", "M", "N", "K", "dtype", "mode", "status", "err_over_tol"]
+        errors = d["error"] if "error" in d else [None] * len(d)
+        d["why"] = ["" if st in ("ok", "compile_only") or not isinstance(e, str) else e[:90]
+                    for st, e in zip(d["status"], errors)]
+        cols = ["variant", "dsl", "impl", "config_name", "M", "N", "K", "dtype", "mode", "status", "err_over_tol", "why"]
         lines += ["CPU mode: correctness only, not timings.", "", d[cols].to_markdown(index=False, floatfmt=".3f")]
         return "\n".join(lines)
     if not (df["impl"] == "fused").any():
@@ -167,8 +173,11 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
     for variant in variants:  # one block of rows per variant; the blog's value only next to its own variant
         rows += _hidden_rows(_of_variant(df, variant), _of_variant(best, variant), _of_variant(gemm, variant), dsls,
                              _blog(df, variant), {"variant": variant} if len(variants) > 1 else {},
-                             naive=_naive(_of_variant(df, variant), _spec(df)))
-    lines += ["% of norm latency hidden (hidden_dsl, best correct config) and DSL GEMM as % of cuBLAS:", "",
+                             naive=_naive(_of_variant(df, variant), _spec(df)),
+                             metric=getattr(_spec(df), "PRIMARY_METRIC", "hidden_dsl"))
+    metric = getattr(_spec(df), "PRIMARY_METRIC", "hidden_dsl")
+    lines += [f"% of norm latency hidden ({metric} of the fastest correct fused config per DSL) and DSL GEMM as % of "
+              "cuBLAS:", "",
               pd.DataFrame(rows).fillna("–").to_markdown(index=False)]
     bad = df[df["status"].isin(["incorrect", "error", "timeout", "unsupported"])]
     if len(bad):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 import os
 import subprocess
 import time
@@ -41,6 +42,9 @@ def resolve_mode(requested: str) -> str:
         return "cpu"
 
 
+TIMING_METHODS = ("do_bench", "cudagraph", "cudagraph_flush")  # normfuse.timing.bench
+
+
 def expand_points(cfg: dict, run_mode: str) -> list[dict]:
     """All points of a run as request dicts (without run-specific fields), baselines first for each shape."""
     tech = cfg["technique"]
@@ -58,6 +62,20 @@ def expand_points(cfg: dict, run_mode: str) -> list[dict]:
     for impl in baselines:
         if impl not in spec.BASELINES:
             raise ValueError(f"unknown baseline {impl!r} for {tech['name']}; choices: {', '.join(spec.BASELINES)}")
+    spec_variants = tuple(getattr(spec, "VARIANTS", ()) or ())
+    for v in variants:
+        if spec_variants and v not in spec_variants:
+            raise ValueError(f"unknown variant {v!r} for {tech['name']}; choices: {', '.join(map(str, spec_variants))}")
+    eps = tech.get("eps")
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0):
+        raise ValueError(f"technique.eps must be a finite number > 0, got {eps!r}")
+    from normfuse.techniques.lazy_prenorm import DTYPES
+    for key in ("dtype", "cpu_dtype"):
+        if cfg.get(key) not in DTYPES:
+            raise ValueError(f"{key}={cfg.get(key)!r} is not supported; choices: {', '.join(DTYPES)}")
+    method = (cfg.get("timing") or {}).get("method", "do_bench")
+    if method not in TIMING_METHODS:
+        raise ValueError(f"timing.method={method!r} is not supported; choices: {', '.join(TIMING_METHODS)}")
     for shp in shapes.expand(cfg["shape"]):
         spec.check_shape(shp["M"], shp["N"], shp["K"])
         for variant in variants:

@@ -150,7 +150,24 @@ def handle(req: dict) -> dict:
     raise ValueError(f"unknown op {op!r}; choices: hello, calibrate, measure, exit")
 
 
+def _exit_with_parent() -> None:
+    """The pool starts workers in their own session (so that a hang can be killed as a group); if the
+    orchestrator dies without closing them (SIGTERM, SIGKILL), leave too instead of computing on as an orphan."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def main() -> None:
+    _exit_with_parent()
     # Keep the protocol channel clean: everything that libraries print goes to stderr.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)

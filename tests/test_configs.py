@@ -65,3 +65,17 @@ def test_bad_names_fail_clearly():
         sweep.expand_points(cfg, "cpu")
     with pytest.raises(ValueError, match="choices"):
         sweep.resolve_mode("tpu")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("technique.variant=foo", "unknown variant 'foo'"),
+    ("technique.eps=-1", "technique.eps must be a finite number > 0"),
+    ("dtype=fp8", "dtype='fp8' is not supported"),
+    ("cpu_dtype=foo", "cpu_dtype='foo' is not supported"),
+    ("timing.method=foo", "timing.method='foo' is not supported"),
+])
+def test_bad_values_stop_the_sweep_before_it_starts(override, message):
+    """A bad value is an error naming it before any point runs, not a column of `unsupported` rows."""
+    cfg = _compose("experiment=smoke", override)
+    with pytest.raises(ValueError, match=message):
+        sweep.expand_points(cfg, "cpu")
