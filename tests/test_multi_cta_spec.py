@@ -15,7 +15,7 @@ from normfuse.techniques import multi_cta as T
 
 def test_registered():
     assert get_technique("multi_cta") is T
-    assert T.BASELINES == ("cublas", "torch_compile_norm") and T.IMPLS == ("fused", "gemm")
+    assert T.BASELINES == ("cublas", "torch_compile_norm", "torch_eager_norm", "liger_norm") and T.IMPLS == ("fused", "gemm")
 
 
 def test_inputs_seeded_row_scaled_and_mean_shift():

@@ -41,8 +41,8 @@ from normfuse.techniques.naive_fusion import _fp32_matmul, gemm_output  # noqa: 
 NAME = "multi_cta"
 VARIANTS = ("rmsnorm", "layernorm")
 IMPLS = ("fused", "gemm")
-NORM_IMPLS = ("torch_compile_norm",)
-BASELINES = ("cublas", "torch_compile_norm")
+NORM_IMPLS = _norms.NORM_IMPLS  # torch.compile (the "% hidden" reference), torch eager, Liger: the norms' baselines
+BASELINES = ("cublas",) + NORM_IMPLS
 # function name per variant of the fused op in every kernels_<dsl>/multi_cta.py; 'gemm' is `matmul` everywhere
 KERNEL_FUNCTIONS = {"rmsnorm": "matmul_rmsnorm", "layernorm": "matmul_layernorm"}
 STATS = {"rmsnorm": ("rstd",), "layernorm": ("mean", "rstd")}
@@ -241,7 +241,7 @@ def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
     a, b = inputs["a"], inputs["b"]
     if impl == "cublas":
         return lambda: torch.matmul(a, b)
-    if impl == "torch_compile_norm":  # the standalone norms' baseline, on the precomputed GEMM output
+    if impl in NORM_IMPLS:  # the standalone norms' baselines, on the precomputed GEMM output
         return _norms.baseline(impl, {"x": gemm_output(inputs), "weight": inputs.get("weight"),
                                       "bias": inputs.get("bias")}, eps, _check_variant(variant))
     raise ValueError(f"unknown baseline {impl!r}; choices: {', '.join(BASELINES)}")

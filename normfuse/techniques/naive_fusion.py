@@ -42,8 +42,8 @@ __all__ = ["NAME", "VARIANTS", "IMPLS", "BASELINES", "NORM_IMPLS", "BLOG_HIDDEN_
 NAME = "naive_fusion"
 VARIANTS = ("layernorm", "rmsnorm")
 IMPLS = ("fused", "gemm")  # the DSL kernels: fused = matmul_<variant>, gemm = the same DSL's plain GEMM
-BASELINES = ("cublas", "torch_compile_norm")
-NORM_IMPLS = ("torch_compile_norm",)
+NORM_IMPLS = _norms.NORM_IMPLS  # torch.compile (the "% hidden" reference), torch eager, Liger: the norms' baselines
+BASELINES = ("cublas",) + NORM_IMPLS
 KERNEL_FUNCTIONS = {("fused", "layernorm"): "matmul_layernorm", ("fused", "rmsnorm"): "matmul_rmsnorm",
                     ("gemm", "layernorm"): "matmul", ("gemm", "rmsnorm"): "matmul"}
 STATS_RTOL = 1e-3  # fp32 statistics: rstd relative error; mean error in units of the row's std (|dmean| * rstd)
