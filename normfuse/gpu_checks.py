@@ -32,13 +32,18 @@ CHECKS = {  # technique -> (tiling file, shapes, variants, eps)
     "multi_cta": ("multi_cta_h200.yaml", [(1, 1000, 1000), (257, 264, 1000), (1000, 392, 72), (4096, 512, 512),
                                           (17793, 1000, 520), (300, 2000, 264), (129, 4000, 8)],
                   ("rmsnorm", "layernorm"), 1e-5),
+    # FlashNormAttention gdpa (M = max Q length, N = H, K = D): all lengths 1 (M = 1, 2), lengths not multiples of
+    # any BLOCK_M, H = 3; every option set has a length-1, a zero-length and a max_len-1 sequence (edge_cases)
+    "fna": ("fna_h200.yaml", [(1, 2, 128), (2, 3, 128), (100, 3, 128), (1000, 4, 128), (3000, 2, 128),
+                              (777, 3, 64)], ("gdpa",), 1e-5),
 }
 CHECK_TECHNIQUE = {"lazy_prenorm_ln": "lazy_prenorm"}  # check name -> technique, where they differ
 # make_inputs options per check, each set checked at every shape (default: one set, {}); the fused kernels also
 # with mean-shifted inputs (one-pass statistics, epilogue cancellation) and, for naive fusion, an affine
 CHECK_OPTIONS = {"lazy_prenorm_ln": ({}, {"mean_shift": 10.0}),
                  "naive_fusion": ({}, {"affine": True, "mean_shift": 10.0}),
-                 "mxnorm": ({"scale_mode": "floor"}, {"scale_mode": "rceil"})}
+                 "mxnorm": ({"scale_mode": "floor"}, {"scale_mode": "rceil"}),
+                 "fna": ({"batch": 37, "edge_cases": True}, {"batch": 96, "edge_cases": True, "mean_shift": 10.0})}
 GEMM_IMPLS = ("gemm",)  # the same for every variant: checked for the first variant only
 
 
@@ -131,4 +136,54 @@ def check_norm_special_values(dsl: str, M: int = 300, N: int = 4095, eps: float 
                 continue
             except Exception as e:  # noqa: BLE001
                 failures.append(f"{dsl}/norms/{variant}/{name}: {type(e).__name__}: {e}")
+    return failures
+
+
+def check_fna_isolation(dsl: str, M: int = 300, H: int = 3, D: int = 128, B: int = 9, eps: float = 1e-5) -> list[str]:
+    """FlashNormAttention gdpa, every shipped config of ``dsl``: a NaN in one token of sequence 4 makes that token's
+    output non-finite and leaves every other token (other sequences and the rest of sequence 4: all statistics are
+    per token) equal to the same kernel's output without the NaN; an Inf in sequence 2's K leaves the other
+    sequences unchanged. Returns failure descriptions (empty when all pass)."""
+    import torch
+
+    from normfuse import registry
+    from normfuse.techniques import fna
+
+    failures = []
+    fn = registry.kernel_function(dsl, "fna", "fused", "gdpa")
+    for cfg in shipped_configs(dsl, "fna"):
+        cfg = dict(cfg)
+        name = cfg.pop("name", "?")
+        cfg.pop("impls", None)
+        if cfg.pop("known_incorrect", False):
+            continue
+        try:
+            inp = fna.make_inputs(M, H, D, dtype="bf16", device="cuda", seed=11, batch=B, edge_cases=True)
+            call = lambda i: fna.kernel_call(fn, "fused", i, eps, cfg, "gdpa")()  # noqa: E731
+            clean = call(inp).clone()
+            o = inp["q_offsets"].long().cpu()
+            if o[5] - o[4] < 2 or o[3] - o[2] < 1:
+                failures.append(f"{dsl}/fna/{name}: test inputs lack sequences 2 and 4 (offsets {o.tolist()})")
+                continue
+            t = int(o[4]) + 1
+            q = inp["q"].clone()
+            q[t, 1, 5] = float("nan")
+            out = call(dict(inp, q=q))
+            others = torch.ones(q.shape[0], dtype=torch.bool, device="cuda")
+            others[t] = False
+            if torch.isfinite(out[t].float()).all():
+                failures.append(f"{dsl}/fna/{name}: NaN in token {t} did not reach its output")
+            if not torch.equal(out[others], clean[others]):
+                failures.append(f"{dsl}/fna/{name}: NaN in token {t} changed other tokens")
+            k = inp["k"].clone()
+            k[2, 7, 0, 3] = float("inf")
+            out = call(dict(inp, k=k))
+            seq2 = torch.zeros(q.shape[0], dtype=torch.bool, device="cuda")
+            seq2[int(o[2]):int(o[3])] = True
+            if not torch.equal(out[~seq2], clean[~seq2]):
+                failures.append(f"{dsl}/fna/{name}: Inf in sequence 2's K changed other sequences")
+        except ValueError:
+            continue
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"{dsl}/fna/{name}: {type(e).__name__}: {e}")
     return failures

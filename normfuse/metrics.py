@@ -8,7 +8,9 @@ For a fused kernel at a shape, with T in ms (p50):
 * ``hidden_best = (min(T_cublas, T_gemm_dsl) + T_norm_best - T_fused) / T_norm_best`` — against the best
   unfused pair available (can be negative);
 * ``speedup     = (T_gemm_dsl + T_norm_ref) / T_fused``;
-* ``frac_cublas = T_cublas / T_gemm`` for the DSL GEMM rows.
+* ``frac_cublas = T_cublas / T_gemm`` for the DSL GEMM rows;
+* ``saving      = (T_baseline - T_fused) / T_baseline`` for techniques whose spec names ``SAVING_BASELINE`` (the
+  blog's FlashNormAttention "latency saving": T_baseline is that baseline, e.g. the torch.compile'd module).
 
 TFLOP/s and GB/s come from each technique's explicit FLOP and byte model, never from a profiler.
 """
@@ -61,6 +63,23 @@ def add_hidden(df: pd.DataFrame, norm_impls=("torch_compile_norm",)) -> pd.DataF
                 df.loc[idx, "speedup"] = (t_gemm + t_norm_ref) / tf
             for idx, r in gd[gd["impl"] == "gemm"].iterrows():
                 df.loc[idx, "frac_cublas"] = t_cublas / r["p50_ms"]
+    return df
+
+
+def add_saving(df: pd.DataFrame) -> pd.DataFrame:
+    """Fill ``saving = (T_baseline - T_fused) / T_baseline`` on the fused rows of techniques whose spec defines
+    ``SAVING_BASELINE`` (the baseline impl's best p50 at the same shape); NaN elsewhere."""
+    df = df.copy()
+    df["saving"] = np.nan
+    df["p50_ms"] = pd.to_numeric(df["p50_ms"], errors="coerce")
+    ok = df[df["status"] == "ok"]
+    for key, g in ok.groupby(SHAPE, dropna=False):
+        base = getattr(get_technique(key[0]), "SAVING_BASELINE", None)
+        if base is None:
+            continue
+        t_base = g[g["impl"] == base]["p50_ms"].min()
+        for idx, r in g[g["impl"] == "fused"].iterrows():
+            df.loc[idx, "saving"] = (t_base - r["p50_ms"]) / t_base
     return df
 
 

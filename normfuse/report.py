@@ -168,6 +168,8 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
                                    + ":", "", t.to_markdown()])
     best, gemm = metrics.best_fused(df), metrics.best_gemm(df)
     dsls = [d for d in plots.DSL_ORDER if d in set(df["dsl"])]
+    if "saving" in best and best["saving"].notna().any():  # e.g. FlashNormAttention: saving vs a baseline module
+        lines += _saving_lines(df, best, dsls)
     variants = _variants(df)
     rows = []
     for variant in variants:  # one block of rows per variant; the blog's value only next to its own variant
@@ -186,6 +188,22 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
                                                                      "status", "error"]]
                   .assign(error=lambda x: x["error"].astype(str).str.slice(0, 90)).to_markdown(index=False)]
     return "\n".join(lines)
+
+
+def _saving_lines(df: pd.DataFrame, best: pd.DataFrame, dsls: list) -> list[str]:
+    """Table of the best ``saving`` per (M, N, K) and DSL next to the spec's ``BLOG_SAVING_B200[(M, N)]``."""
+    spec = _spec(df)
+    blog = getattr(spec, "BLOG_SAVING_B200", {}) or {}
+    rows = []
+    for (M, N, K), g in best.groupby(["M", "N", "K"]):
+        r = {"M": M, "N": N, "K": K}
+        for d in dsls:
+            s = g[g.dsl == d]["saving"]
+            r[f"{d} saving %"] = _fmt(s.max(), pct=True) if len(s) else "–"
+        r["blog B200 %"] = _fmt(blog.get((int(M), int(N))))
+        rows.append(r)
+    return ["latency saving vs the baseline, (T_base - T_fused) / T_base, best correct config:", "",
+            pd.DataFrame(rows).fillna("–").to_markdown(index=False), ""]
 
 
 def replicates(run_dirs: list[Path]) -> str:

@@ -6,7 +6,7 @@ from normfuse.gpu_checks import check_all
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("technique", ["lazy_prenorm", "norms", "naive_fusion", "lazy_prenorm_ln", "mxnorm", "multi_cta"])
+@pytest.mark.parametrize("technique", ["lazy_prenorm", "norms", "naive_fusion", "lazy_prenorm_ln", "mxnorm", "multi_cta", "fna"])
 @pytest.mark.parametrize("dsl", ["triton", "helion"])
 def test_shipped_configs_correct(dsl, technique):
     failures = check_all(dsl, technique)
@@ -20,4 +20,14 @@ def test_norms_special_values(dsl):
     from normfuse.gpu_checks import check_norm_special_values
 
     failures = check_norm_special_values(dsl)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dsl", ["triton", "helion"])
+def test_fna_nan_isolation(dsl):
+    """FlashNormAttention: a NaN token / an Inf in one sequence's K stays where it is (every shipped config)."""
+    from normfuse.gpu_checks import check_fna_isolation
+
+    failures = check_fna_isolation(dsl)
     assert not failures, "\n".join(failures)

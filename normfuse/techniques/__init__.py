@@ -2,7 +2,7 @@
 
 from importlib import import_module
 
-TECHNIQUES = ("lazy_prenorm", "norms", "naive_fusion", "mxnorm", "multi_cta")
+TECHNIQUES = ("lazy_prenorm", "norms", "naive_fusion", "mxnorm", "multi_cta", "fna")
 
 
 def get_technique(name: str):
