@@ -168,19 +168,18 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
                                    + ":", "", t.to_markdown()])
     best, gemm = metrics.best_fused(df), metrics.best_gemm(df)
     dsls = [d for d in plots.DSL_ORDER if d in set(df["dsl"])]
+    variants = _variants(df)
     if "saving" in best and best["saving"].notna().any():  # e.g. FlashNormAttention: saving vs a baseline module
         lines += _saving_lines(df, best, dsls)
-    variants = _variants(df)
-    rows = []
-    for variant in variants:  # one block of rows per variant; the blog's value only next to its own variant
-        rows += _hidden_rows(_of_variant(df, variant), _of_variant(best, variant), _of_variant(gemm, variant), dsls,
-                             _blog(df, variant), {"variant": variant} if len(variants) > 1 else {},
-                             naive=_naive(_of_variant(df, variant), _spec(df)),
-                             metric=getattr(_spec(df), "PRIMARY_METRIC", "hidden_dsl"))
-    metric = getattr(_spec(df), "PRIMARY_METRIC", "hidden_dsl")
-    lines += [f"% of norm latency hidden ({metric} of the fastest correct fused config per DSL) and DSL GEMM as % of "
-              "cuBLAS:", "",
-              pd.DataFrame(rows).fillna("–").to_markdown(index=False)]
+    else:
+        rows = []
+        metric = getattr(_spec(df), "PRIMARY_METRIC", "hidden_dsl")
+        for variant in variants:  # one block of rows per variant; the blog's value only next to its own variant
+            rows += _hidden_rows(_of_variant(df, variant), _of_variant(best, variant), _of_variant(gemm, variant),
+                                 dsls, _blog(df, variant), {"variant": variant} if len(variants) > 1 else {},
+                                 naive=_naive(_of_variant(df, variant), _spec(df)), metric=metric)
+        lines += [f"% of norm latency hidden ({metric} of the fastest correct fused config per DSL) and DSL GEMM as "
+                  "% of cuBLAS:", "", pd.DataFrame(rows).fillna("–").to_markdown(index=False)]
     bad = df[df["status"].isin(["incorrect", "error", "timeout", "unsupported"])]
     if len(bad):
         lines += ["", "points not timed:", "",

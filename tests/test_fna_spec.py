@@ -130,3 +130,15 @@ def test_blog_experiment_points():
                                                       for h in (2, 3, 4)}
     assert all(p["impl"] == "torch_compile_gdpa" and p["options"] == {"batch": 768, "kv_len": 128} for p in base)
     assert len(fused) == 12 * sum(len(cfg["tiling"][d]) for d in ("triton", "helion", "tlx"))
+
+
+def test_gpu_summary_shows_saving_next_to_blog():
+    from normfuse import report
+
+    rows = []
+    for impl, dsl, t in (("torch_compile_gdpa", "torch", 2.0), ("fused", "triton", 1.5), ("fused", "tlx", 1.2)):
+        rows.append(dict(technique="fna", variant="gdpa", M=3000, N=2, K=128, dtype="bf16", impl=impl, dsl=dsl,
+                         p50_ms=t, status="ok", config_name="x", experiment="fna_blog", mode="gpu", error=None))
+    df = metrics.add_saving(metrics.add_hidden(metrics.add_rates(pd.DataFrame(rows))))
+    text = report.summary(df, "gpu")
+    assert "latency saving" in text and "35.4" in text and "hidden_dsl" not in text
