@@ -17,6 +17,8 @@ TFLOP/s and GB/s come from each technique's explicit FLOP and byte model, never 
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pandas as pd
 
@@ -36,7 +38,8 @@ def add_rates(df: pd.DataFrame) -> pd.DataFrame:
             continue
         spec = get_technique(r.technique)
         item = 4 if r.dtype == "fp32" else 2
-        tf.append(spec.flops(r.impl, r.M, r.N, r.K) / (t * 1e-3) / 1e12)
+        kw = {"variant": r.variant} if "variant" in inspect.signature(spec.flops).parameters else {}  # causal: /2
+        tf.append(spec.flops(r.impl, r.M, r.N, r.K, **kw) / (t * 1e-3) / 1e12)
         gb.append(spec.bytes_moved(r.impl, r.M, r.N, r.K, item) / (t * 1e-3) / 1e9)
     df["tflops"], df["gbps"] = tf, gb
     return df

@@ -2,7 +2,7 @@
 
 from importlib import import_module
 
-TECHNIQUES = ("lazy_prenorm", "norms", "naive_fusion", "mxnorm", "multi_cta", "fna")
+TECHNIQUES = ("lazy_prenorm", "norms", "naive_fusion", "mxnorm", "multi_cta", "fna", "fna_llm")
 
 
 def get_technique(name: str):

@@ -1,0 +1,236 @@
+r"""FlashNormAttention, LLM variant, in upstream Triton (3.6, Hopper sm_90): per-head RMSNorm of Q and K (learned
+γ, Qwen3 / OLMo2 style) fused into a FlashAttention-2 forward (online softmax, fp32 state, causal or not, GQA),
+with an optional per-head RMSNorm of the output. Math and cost model: ``normfuse/techniques/fna_llm.py``.
+
+Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), B * Hq)``):
+
+* the Q tile ``[BLOCK_M, D]`` is loaded once, normalized in fp32 (``rsqrt(mean(q²) + eps) * q_weight``) and
+  rounded to the input dtype: once per Q tile; the scores get ``log2(e) / sqrt(D)`` in fp32 (softmax in base 2);
+* every K tile ``[BLOCK_N, D]`` of the KV loop is normalized in fp32 as it streams in (row sum of squares,
+  ``* rstd * k_weight``), rounded to the input dtype and fed to ``tl.dot``: once per K/V tile load. The loaded
+  tile feeds the reduction and the *normalized copy* feeds the dot (not the raw load), the pattern of the Helion
+  QK-norm attention that is correct on the H200 at ``num_stages=3``; dsl-primer blocker 1 (a raw loaded tile that
+  feeds both a dot and a reduction, miscompiled by the pipeliner) is not this pattern, but the GPU check
+  (``normfuse.gpu_checks``) verifies every shipped config;
+* the KV loop is split in two: full blocks below the diagonal (causal) or below ``S // BLOCK_N * BLOCK_N`` are
+  processed without masks, the rest with the causal / sequence-end mask (FlashAttention tutorial's two stages);
+* epilogue: ``acc / l``, optional output RMSNorm with ``o_weight`` in fp32, masked store.
+
+``attention`` is the same kernel without any norm (the "same DSL without norms" baseline).
+
+What Triton could not express: the K normalization is redone by each of the ``cdiv(S, BLOCK_M)`` Q tiles that
+stream a K tile (there is no way to share a normalized K tile across CTAs within one launch short of a
+separate pre-pass kernel, which costs a K round trip); no warp specialization or explicit ping-pong of the two
+softmax/GEMM phases on Hopper (that is left to the compiler's pipeliner; TLX has it).
+
+Numerics: norm statistics, softmax max/sum and the accumulator in fp32. One program reads one (batch, head) and
+masked loads read zeros past the sequence end, so a NaN/Inf in one batch element cannot reach another. Causal mask
+top-left aligned (query i sees keys 0..i). Interpreter (``TRITON_INTERPRET=1``): fp16/fp32 only (bf16 ``tl.dot``
+is wrong there, dsl-primer blocker 5); fp32 uses ``input_precision="ieee"``.
+
+Sources: FlashAttention-2 (https://arxiv.org/abs/2307.08691); Triton's fused-attention tutorial
+(https://triton-lang.org/main/getting-started/tutorials/06-fused-attention.html); the PyTorch blog "Towards
+Free Normalization" (FlashNormAttention). Code written for this repo.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index
+from normfuse.techniques.fna_llm import check_inputs
+from normfuse.tiling import TilingConfigBase
+
+LOG2E = 1.4426950408889634
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+if _interpreting():
+    _fix_interpreter_scalar_index()  # triton#9171 under numpy >= 2.4 (see kernels_triton/lazy_prenorm.py)
+
+
+@dataclass(frozen=True)
+class TilingConfig(TilingConfigBase):
+    """``BLOCK_M`` query rows x ``BLOCK_N`` keys per step (powers of 2, 16..256), ``num_warps``, ``num_stages``."""
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("BLOCK_M", "BLOCK_N"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v > 256 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of 2 in [16, 256], got {v!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 6:
+            raise ValueError(f"num_stages must be in 1..6, got {self.num_stages!r}")
+
+
+@triton.jit
+def _kv_steps(acc, l_i, m_i, q, k_base, v_base, kw, offs_m, offs_d, S, eps, qk_scale, lo, hi,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr,
+              NORM_QK: tl.constexpr, PRECISION: tl.constexpr):
+    """KV blocks [lo, hi): normalize K (if NORM_QK), S = q kᵀ, online softmax, acc += p v."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_off = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        if MASK:
+            k = tl.load(k_base + kv_off, mask=offs_n[:, None] < S, other=0.0)
+        else:
+            k = tl.load(k_base + kv_off)
+        if NORM_QK:  # once per K tile load, in fp32; the normalized copy (not the raw load) feeds the dot
+            kf = k.to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps)
+            k = (kf * rstd[:, None] * kw[None, :]).to(q.dtype)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if MASK:
+            valid = offs_n[None, :] < S
+            if CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None])
+            qk = tl.where(valid, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASK:
+            v = tl.load(v_base + kv_off, mask=offs_n[:, None] < S, other=0.0)
+        else:
+            v = tl.load(v_base + kv_off)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                 NORM_QK: tl.constexpr, NORM_O: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    hkv = b * (HQ // GROUP) + h // GROUP
+    q_base = Q + bh.to(tl.int64) * S * HEAD_DIM
+    k_base = K + hkv.to(tl.int64) * S * HEAD_DIM
+    v_base = V + hkv.to(tl.int64) * S * HEAD_DIM
+    o_base = O + bh.to(tl.int64) * S * HEAD_DIM
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q_base + q_off, mask=offs_m[:, None] < S, other=0.0)
+    qf = q.to(tl.float32)
+    if NORM_QK:  # once per Q tile
+        qw = tl.load(QW + offs_d).to(tl.float32)
+        qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * qw[None, :]
+        kw = tl.load(KW + offs_d).to(tl.float32)
+    else:
+        kw = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    q = qf.to(q.dtype)  # rounded like the unfused path; the scale log2(e)/sqrt(D) is applied to S in fp32
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    full_end = (S // BLOCK_N) * BLOCK_N  # blocks below this need no sequence-end mask
+    if CAUSAL:
+        hi = (pid_m + 1) * BLOCK_M
+        if hi > S:
+            hi = S
+        mid = (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N  # below the diagonal: no mask
+        if mid > full_end:
+            mid = full_end
+    else:
+        hi = S
+        mid = full_end
+    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, kw, offs_m, offs_d, S, eps, qk_scale, 0, mid,
+                              HEAD_DIM, BLOCK_N, CAUSAL, False, NORM_QK, PRECISION)
+    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, kw, offs_m, offs_d, S, eps, qk_scale, mid, hi,
+                              HEAD_DIM, BLOCK_N, CAUSAL, True, NORM_QK, PRECISION)
+    acc = acc / l_i[:, None]
+    if NORM_O:
+        ow = tl.load(OW + offs_d).to(tl.float32)
+        acc = acc * (1.0 / tl.sqrt(tl.sum(acc * acc, 1) / HEAD_DIM + eps))[:, None] * ow[None, :]
+    tl.store(o_base + q_off, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < S)
+
+
+def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: bool, launch: bool = True):
+    """Validate and build (args, grid, constexpr kwargs)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if norms and (q_weight is None or k_weight is None):
+        raise ValueError("qknorm_attention needs q_weight and k_weight [D]")
+    B, Hq, Hkv, S, D = check_inputs(q, k, v, q_weight, k_weight, o_weight, eps)
+    cfg = TilingConfig.from_dict(config)
+    if launch and q.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"inputs must be CUDA tensors (got {q.device}); CPU tensors run only under TRITON_INTERPRET=1")
+    o = torch.empty_like(q)
+    dummy = q  # never read when the matching flag is off
+    args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
+            o_weight if o_weight is not None else dummy, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
+    grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
+    kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal, NORM_QK=norms,
+              NORM_O=o_weight is not None, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return o, args, grid, kw
+
+
+def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, *, causal: bool, eps: float = 1e-6, o_weight=None,
+                     config=None) -> torch.Tensor:
+    """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo] in one kernel.
+
+    q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv; D in {16..256}, powers of 2), weights
+    ``[D]``, all one dtype (bf16 on the GPU; fp16/fp32 under the interpreter), contiguous. Returns o ``[B, Hq,
+    S, D]`` in q's dtype. ``config``: ``TilingConfig`` or mapping. Raises TypeError / ValueError for bad inputs
+    (``normfuse.techniques.fna_llm.check_inputs``) or config, ValueError for CPU tensors outside the interpreter.
+    """
+    o, args, grid, kw = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
+    _fna_llm_fwd[grid](*args, **kw)
+    return o
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
+    """The same flash attention without any norm: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (shapes, dtypes and
+    errors as ``qknorm_attention``)."""
+    o, args, grid, kw = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
+    _fna_llm_fwd[grid](*args, **kw)
+    return o
+
+
+def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float = 1e-6, config=None,
+                 causal: bool = True, o_norm: bool = False) -> dict:
+    """Compile ``op`` ('qknorm_attention' or 'attention') for sm_90 without launching (needs
+    ``normfuse.compile_only.install(90)``, no ``TRITON_INTERPRET``); CPU tensors, never read. Returns
+    ``normfuse.compile_only.summarize``."""
+    from normfuse.compile_only import summarize
+
+    if op not in ("qknorm_attention", "attention"):
+        raise ValueError(f"unknown op {op!r}; choices: qknorm_attention, attention")
+    if _interpreting():
+        raise RuntimeError("compile_sm90 cannot run under TRITON_INTERPRET=1")
+    norms = op == "qknorm_attention"
+    D = q.shape[-1]
+    if norms:
+        q_weight = q_weight if q_weight is not None else torch.empty(D, dtype=q.dtype)
+        k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
+    ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
+    _, args, grid, kw = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, launch=False)
+    return summarize(_fna_llm_fwd.warmup(*args, grid=grid, **kw))
+
+
+if __name__ == "__main__":  # GPU self-check: every shipped config at a few odd shapes
+    from normfuse.gpu_checks import check_all
+
+    fails = check_all("triton", "fna_llm")
+    print("\n".join(fails) or "fna_llm triton: all shipped configs correct")

@@ -1,0 +1,325 @@
+r"""FlashNormAttention, LLM variant (``qknorm_softmax``): per-head RMSNorm of Q and K with learned γ (Qwen3 / OLMo2
+style) fused into an online-softmax flash attention, with an optional per-head RMSNorm of the output.
+
+Math (fp32 statistics and softmax state; output in the input dtype)::
+
+    q_n = RMSNorm_D(q) * q_weight          q [B, Hq, S, D]         (per head, over the head dim D)
+    k_n = RMSNorm_D(k) * k_weight          k, v [B, Hkv, S, D]     (GQA: query head h reads KV head h // (Hq/Hkv))
+    o   = softmax(q_n k_nᵀ / sqrt(D) [+ causal mask]) v
+    o   = RMSNorm_D(o) * o_weight          (only when o_weight is given)
+
+RMSNorm(x) = x * rsqrt(mean(x²) + eps). The causal mask is top-left aligned (query i sees keys 0..i; S_q = S_k).
+The fused kernels normalize Q once per Q tile and K once per K/V tile as it streams through the KV loop (so K is
+renormalized by every Q tile that reads it: a K-norm pre-pass would do it once but costs a round trip of K).
+
+Shape mapping onto the sweep's integers (documented here because ``normfuse.shapes`` only knows M, N, K):
+``M = S`` (sequence length, queries = keys), ``N = B`` (batch), ``K = Hq`` (query heads). The number of KV heads
+(``kv_heads``, default 8), the head dim (``head_dim``, default 128; the cost model assumes ``HEAD_DIM`` = 128, the
+sweep's value) and the output norm (``o_norm``) are ``make_inputs`` options (technique config ``options``).
+Variants: ``causal`` and ``noncausal``.
+
+Implementations: ``fused`` (the DSL's ``qknorm_attention``), ``attention`` (the same DSL's flash attention without
+any norm: the "same DSL without norms" baseline); baselines ``sdpa`` (``F.scaled_dot_product_attention`` on the raw
+q, k, v with the flash backend where available, GQA by ``enable_gqa``) and ``sdpa_plus_norms`` (torch.compile'd
+RMSNorms of q and k for this one shape, then SDPA, then the optional output norm).
+
+Metrics: TFLOP/s from ``flops`` (4·B·Hq·S²·D, halved for causal; norms not counted, so the fused kernel's
+TFLOP/s is directly comparable with SDPA's) and ``sdpa_fraction`` (the fraction of SDPA's TFLOP/s kept).
+
+Source: "Towards Free Normalization: Fusing Normalization into GEMM and Attention Kernels", PyTorch blog,
+2026-07-10 (FlashNormAttention), https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+FlashAttention-2, https://arxiv.org/abs/2307.08691 ; Qwen3 QK-norm, https://arxiv.org/abs/2505.09388 .
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from normfuse.techniques.lazy_prenorm import DTYPES, compare, tolerance, torch_dtype  # noqa: F401
+
+NAME = "fna_llm"
+VARIANTS = ("causal", "noncausal")
+IMPLS = ("fused", "attention")
+BASELINES = ("sdpa", "sdpa_plus_norms")
+KERNEL_FUNCTIONS = {"fused": "qknorm_attention", "attention": "attention"}
+HEAD_DIM = 128       # the sweep's head dim (cost model)
+KV_HEADS = 8         # default number of KV heads
+HEAD_DIMS = (16, 32, 64, 128, 256)
+PRIMARY_METRIC = "sdpa_fraction"
+
+
+def _check_variant(variant) -> bool:
+    """Return True for 'causal', False for 'noncausal'; ValueError otherwise."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choices: {', '.join(VARIANTS)}")
+    return variant == "causal"
+
+
+def check_shape(M: int, N: int, K) -> None:
+    """M = S (sequence length), N = B (batch), K = Hq (query heads): all positive integers."""
+    for name, v in (("M (sequence length)", M), ("N (batch)", N), ("K (query heads)", K)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+def check_inputs(q, k, v, q_weight=None, k_weight=None, o_weight=None, eps=None) -> tuple[int, int, int, int, int]:
+    """Validate ``q [B, Hq, S, D]``, ``k, v [B, Hkv, S, D]`` (Hq a multiple of Hkv), the norm weights ``[D]`` (or
+    None) and ``eps``; return (B, Hq, Hkv, S, D).
+
+    Raises TypeError for non-tensors or mixed / unsupported dtypes (weights must have q's dtype), ValueError for
+    wrong ranks, mismatched shapes, Hq not a multiple of Hkv, D not in {16, 32, 64, 128, 256}, non-contiguous
+    tensors, tensors on different devices, or ``eps`` not a finite number > 0.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dtype not in DTYPES.values() or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share one dtype of bf16/fp16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D [B, H, S, D], got dims {q.dim()}, {k.dim()}, {v.dim()}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    B, Hq, S, D = q.shape
+    if k.shape[0] != B or k.shape[2] != S or k.shape[3] != D:
+        raise ValueError(f"k/v {tuple(k.shape)} must be [B={B}, Hkv, S={S}, D={D}] (self-attention, S_q = S_k)")
+    Hkv = k.shape[1]
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"query heads Hq={Hq} must be a multiple of KV heads Hkv={Hkv} (GQA)")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head dim D={D} must be one of {HEAD_DIMS}")
+    if S < 1 or B < 1:
+        raise ValueError(f"B and S must be >= 1, got B={B}, S={S}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight), ("o_weight", o_weight)):
+        if w is None:
+            continue
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None")
+        if w.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {w.dtype}")
+        if w.shape != (D,):
+            raise ValueError(f"{name} must have shape [D] = [{D}], got {tuple(w.shape)}")
+        if w.device != q.device or not w.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous tensor on {q.device}")
+    if eps is not None and not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0
+                                and math.isfinite(eps)):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    return B, Hq, Hkv, S, D
+
+
+def make_inputs(M: int, N: int, K: int, *, dtype: str = "bf16", device: str = "cpu", seed: int = 0,
+                kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM, o_norm: bool = False) -> dict:
+    """Seeded random inputs for S = M, B = N, Hq = K: ``q [B, Hq, S, D]``, ``k``, ``v [B, Hkv, S, D]`` (Hkv =
+    ``kv_heads``, D = ``head_dim``), ``q_weight``, ``k_weight`` ``[D]`` and ``o_weight`` ``[D]`` (None unless
+    ``o_norm``).
+
+    Rows of q and k have different scales (0.25..4), so a missing or wrong normalization is visible; the weights
+    are 1 + 0.2 N(0, 1) (never all ones). Raises ValueError when K is not a multiple of ``kv_heads``.
+    """
+    check_shape(M, N, K)
+    if not isinstance(kv_heads, int) or kv_heads < 1 or K % kv_heads:
+        raise ValueError(f"query heads K={K} must be a multiple of kv_heads={kv_heads}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim} must be one of {HEAD_DIMS}")
+    dt = torch_dtype(dtype)
+    g = torch.Generator(device=device).manual_seed(seed)
+    B, Hq, S, D = N, K, M, head_dim
+
+    def rows(H):
+        scale = torch.exp2(torch.rand(B, H, S, 1, generator=g, device=device) * 4 - 2)
+        return (torch.randn(B, H, S, D, generator=g, device=device) * scale).to(dt)
+
+    def weight():
+        return (1 + 0.2 * torch.randn(D, generator=g, device=device)).to(dt)
+
+    q, k = rows(Hq), rows(kv_heads)
+    v = torch.randn(B, kv_heads, S, D, generator=g, device=device).to(dt)
+    return {"q": q, "k": k, "v": v, "q_weight": weight(), "k_weight": weight(),
+            "o_weight": weight() if o_norm else None}
+
+
+# --- reference --------------------------------------------------------------------------------------------------
+def rmsnorm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
+    """fp32 RMSNorm over the last dim: ``x * rsqrt(mean(x²) + eps) * weight`` (weight None: no scale)."""
+    x = x.float()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight.float()
+
+
+def _attention_fp32(q, k, v, causal: bool, chunk: int = 1024) -> torch.Tensor:
+    """fp32 softmax attention (true fp32 matmuls), GQA by head index, computed in query chunks per (b, h) so that
+    benchmark shapes (S = 16384) fit in memory."""
+    B, Hq, S, D = q.shape
+    G = Hq // k.shape[1]
+    out = torch.empty(B, Hq, S, D, dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(D)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for b in range(B):
+            for h in range(Hq):
+                kk, vv = k[b, h // G].float(), v[b, h // G].float()
+                for i0 in range(0, S, chunk):
+                    i1 = min(S, i0 + chunk)
+                    s = (q[b, h, i0:i1].float() @ kk.T) * scale
+                    if causal:
+                        rows = torch.arange(i0, i1, device=q.device)[:, None]
+                        s = s.masked_fill(torch.arange(S, device=q.device)[None, :] > rows, float("-inf"))
+                    out[b, h, i0:i1] = torch.softmax(s, dim=-1) @ vv
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    return out
+
+
+def reference(variant: str, inputs: dict, eps: float, norms: bool = True) -> torch.Tensor:
+    """fp32 reference [B, Hq, S, D]: the fused op (``norms=True``) or plain attention of the raw q, k, v
+    (``norms=False``, the 'attention' / 'sdpa' impls)."""
+    causal = _check_variant(variant)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    if not norms:
+        return _attention_fp32(q, k, v, causal)
+    o = _attention_fp32(rmsnorm(q, inputs["q_weight"], eps), rmsnorm(k, inputs["k_weight"], eps), v, causal)
+    if inputs.get("o_weight") is not None:
+        o = rmsnorm(o, inputs["o_weight"], eps)
+    return o
+
+
+def _sdpa(q, k, v, causal: bool) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with the flash backend preferred on CUDA (GQA via ``enable_gqa``)."""
+    F = torch.nn.functional
+    gqa = q.shape[1] != k.shape[1]
+    if q.is_cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                          SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+
+def same_dtype(variant: str, inputs: dict, eps: float, norms: bool = True) -> torch.Tensor:
+    """The unfused PyTorch computation in the input dtype (``F.rms_norm`` rounded to the dtype, SDPA, optional
+    output norm). Its error against ``reference`` sets the tolerance."""
+    causal = _check_variant(variant)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    if not norms:
+        return _sdpa(q, k, v, causal)
+    D = q.shape[-1]
+    rms = torch.nn.functional.rms_norm
+    o = _sdpa(rms(q, (D,), inputs["q_weight"], eps), rms(k, (D,), inputs["k_weight"], eps), v, causal)
+    if inputs.get("o_weight") is not None:
+        o = rms(o, (D,), inputs["o_weight"], eps)
+    return o
+
+
+def check(impl: str, out: torch.Tensor, inputs: dict, eps: float, variant: str | None = None) -> dict:
+    """Errors of ``out`` [B, Hq, S, D] against the fp32 reference (with norms for 'fused' / 'sdpa_plus_norms',
+    without for 'attention' / 'sdpa'), flash-attention tolerance: 2x the same-dtype PyTorch error + 1e-3
+    max|ref|."""
+    if impl not in IMPLS + BASELINES:
+        raise ValueError(f"unknown impl {impl!r}; choices: {', '.join(IMPLS + BASELINES)}")
+    norms = impl in ("fused", "sdpa_plus_norms")
+    if not isinstance(out, torch.Tensor) or out.shape != inputs["q"].shape:
+        raise ValueError(f"output must be a tensor of q's shape {tuple(inputs['q'].shape)}")
+    ref = reference(variant, inputs, eps, norms)
+    return compare(out, ref, tolerance(ref, same_dtype(variant, inputs, eps, norms)))
+
+
+# --- cost model -------------------------------------------------------------------------------------------------
+def flops(impl: str, M: int, N: int, K: int, variant: str | None = None, head_dim: int = HEAD_DIM) -> float:
+    """Attention FLOPs 4·B·Hq·S²·D (two GEMMs of 2·S²·D per head), halved for ``variant='causal'``; the same for
+    every impl (norms are not counted), so TFLOP/s compare directly with SDPA's. M = S, N = B, K = Hq."""
+    if impl not in IMPLS + BASELINES:
+        raise ValueError(f"unknown impl {impl!r}")
+    f = 4.0 * N * K * M * M * head_dim
+    return f / 2 if variant == "causal" else f
+
+
+def bytes_moved(impl: str, M: int, N: int, K: int, itemsize: int = 2, kv_heads: int = KV_HEADS,
+                head_dim: int = HEAD_DIM) -> float:
+    """The fewest bytes: read q, k, v and write o once; +2 weight vectors (negligible). The unfused
+    'sdpa_plus_norms' also writes and re-reads the normalized q and k."""
+    if impl not in IMPLS + BASELINES:
+        raise ValueError(f"unknown impl {impl!r}")
+    hkv = kv_heads if K % kv_heads == 0 else 1
+    qo = 2.0 * N * K * M * head_dim
+    kv = 2.0 * N * hkv * M * head_dim
+    extra = (2.0 * N * K * M * head_dim + 2.0 * N * hkv * M * head_dim) if impl == "sdpa_plus_norms" else 0.0
+    return (qo + kv + extra) * itemsize
+
+
+def sdpa_fraction(df):
+    """Fraction of SDPA's TFLOP/s kept: per (variant, M, N, K, dtype), ``T_sdpa / T`` for every row with a time
+    (a pandas DataFrame with columns impl, p50_ms, status, ...); returns a copy with column ``sdpa_fraction``."""
+    import numpy as np
+
+    df = df.copy()
+    df["sdpa_fraction"] = np.nan
+    ok = df[(df["status"] == "ok")]
+    for _, g in ok.groupby(["variant", "M", "N", "K", "dtype"], dropna=False):
+        t_sdpa = g[g["impl"] == "sdpa"]["p50_ms"].min()
+        for idx, r in g.iterrows():
+            df.loc[idx, "sdpa_fraction"] = t_sdpa / r["p50_ms"]
+    return df
+
+
+# --- how the worker calls each implementation -------------------------------------------------------------------
+def kernel_function_name(impl: str, variant: str | None = None) -> str:
+    """``qknorm_attention`` (impl 'fused') or ``attention`` (impl 'attention') in every ``kernels_<dsl>/fna_llm.py``."""
+    if impl not in KERNEL_FUNCTIONS:
+        raise ValueError(f"unknown impl {impl!r} for fna_llm; choices: {', '.join(IMPLS)}")
+    return KERNEL_FUNCTIONS[impl]
+
+
+def compile_inputs(M: int, N: int, K: int, dtype: str) -> tuple:
+    """Uninitialized CPU tensors q, k, v, q_weight, k_weight for the sm_90 compile-only check (Hkv = 8 when it
+    divides K, else 1; D = 128)."""
+    dt = torch_dtype(dtype)
+    hkv = KV_HEADS if K % KV_HEADS == 0 else 1
+    return (torch.empty(N, K, M, HEAD_DIM, dtype=dt), torch.empty(N, hkv, M, HEAD_DIM, dtype=dt),
+            torch.empty(N, hkv, M, HEAD_DIM, dtype=dt), torch.empty(HEAD_DIM, dtype=dt),
+            torch.empty(HEAD_DIM, dtype=dt))
+
+
+def kernel_call(kernel, impl: str, inputs: dict, eps: float, config: dict, variant: str | None = None):
+    """Zero-argument callable: ``qknorm_attention(q, k, v, q_weight, k_weight, causal=, eps=, o_weight=, config=)``
+    for 'fused', ``attention(q, k, v, causal=, config=)`` for 'attention'."""
+    causal = _check_variant(variant)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    if impl == "attention":
+        return lambda: kernel(q, k, v, causal=causal, config=config)
+    if impl != "fused":
+        raise ValueError(f"unknown kernel impl {impl!r}; choices: {', '.join(IMPLS)}")
+    return lambda: kernel(q, k, v, inputs["q_weight"], inputs["k_weight"], causal=causal, eps=eps,
+                          o_weight=inputs.get("o_weight"), config=config)
+
+
+def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
+    """Zero-argument callables: 'sdpa' (SDPA on the raw q, k, v: the attention throughput to keep) and
+    'sdpa_plus_norms' (RMSNorms of q and k compiled by Inductor for this one shape, SDPA, then the compiled
+    output norm if ``o_weight``)."""
+    causal = _check_variant(variant)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    if impl == "sdpa":
+        return lambda: _sdpa(q, k, v, causal)
+    if impl != "sdpa_plus_norms":
+        raise ValueError(f"unknown baseline {impl!r}; choices: {', '.join(BASELINES)}")
+    D = q.shape[-1]
+    qw, kw, ow = inputs["q_weight"], inputs["k_weight"], inputs.get("o_weight")
+
+    def norm(x, w):
+        return torch.nn.functional.rms_norm(x, (D,), w, eps)
+
+    torch._dynamo.reset()
+    cnorm = torch.compile(norm, dynamic=False)
+
+    def fn():
+        o = _sdpa(cnorm(q, qw), cnorm(k, kw), v, causal)
+        return cnorm(o, ow) if ow is not None else o
+    return fn
