@@ -1,0 +1,242 @@
+r"""FlashNormAttention, LLM variant, in Helion (1.5, Hopper sm_90): per-head RMSNorm of Q and K (learned γ, Qwen3 /
+OLMo2 style) fused into a FlashAttention-2 forward (online softmax in fp32, causal or not, GQA), with an optional
+per-head RMSNorm of the output. Math and cost model: ``normfuse/techniques/fna_llm.py``.
+
+Written with **2-D tiles** (dsl-primer §B.8): the grid is ``hl.tile([B*Hq, S], block_size=[1, BLOCK_M])`` and the
+(batch x head) index is the scalar ``tile_b.begin``, so every load is a 2-D ``[tile, D]`` block and both GEMMs are
+``hl.dot`` on 2-D operands. (Helion's own ``examples/attention.py`` style with 3-D tiles and ``torch.bmm`` fails
+to compile for sm_90, dsl-primer blocker 4.)
+
+* Q tile: loaded once, normalized in fp32 (``rsqrt(mean(q²) + eps) * q_weight``), rounded to the input dtype;
+* K tiles: normalized in fp32 as they stream through the KV loop (once per K/V tile load), rounded, fed to
+  ``hl.dot``; scores scaled by ``log2(e)/sqrt(D)`` in fp32, softmax in base 2;
+* causal: the KV loop is ``hl.tile(0, tile_m.end)`` (Helion clamps ``tile_m.end`` to S; blocks above the
+  diagonal are never visited) and
+  the diagonal block is masked with ``torch.where``; keys past S are masked likewise;
+* epilogue: ``acc / l``, optional output RMSNorm, store.
+
+What Helion could not express: the split of the KV loop into an unmasked part and a masked diagonal part
+(FlashAttention's two stages; the mask is applied on every block, a few % of ALU work); warp specialization /
+ping-pong scheduling of the two softmax halves (Helion generates plain Triton); a K normalization shared by
+the Q tiles (each Q tile renormalizes the K tiles it streams, as in the Triton kernel).
+
+Numerics: fp32 statistics, softmax state and accumulator; one program per (batch x head, Q tile), masked key
+columns get ``-inf`` and their V rows are zeroed, so a NaN/Inf in one batch element cannot reach another.
+
+Execution modes: GPU (``BoundKernel.compile_config`` of the ``TilingConfig``, cached per shape); CPU ref mode
+(``HELION_INTERPRET=1`` before ``import helion``: eager PyTorch, config validated and ignored); ``compile_sm90``
+(CPU tensors, fake sm_90 driver, never launches); ``triton_code``.
+
+Sources: FlashAttention-2 (https://arxiv.org/abs/2307.08691); Helion's attention example,
+https://github.com/pytorch/helion/tree/main/examples ; the PyTorch blog "Towards Free Normalization"
+(FlashNormAttention). Code written for this repo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import normfuse.helion_compat  # noqa: F401  (must precede `import helion`)
+import helion
+import helion.language as hl
+import torch
+from helion.runtime.ref_mode import is_ref_mode_enabled
+
+from kernels_helion.lazy_prenorm import _as_on_h200, _live_args
+from normfuse.techniques.fna_llm import check_inputs
+from normfuse.tiling import TilingConfigBase
+
+OPS = ("qknorm_attention", "attention")
+LOG2E = 1.4426950408889634
+
+
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _fna_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor | None,
+                k_weight: torch.Tensor | None, o_weight: torch.Tensor | None, eps: float,
+                causal: hl.constexpr, norm_qk: hl.constexpr) -> torch.Tensor:
+    bh_dim = q.size(0) * q.size(1)
+    hq = hl.specialize(q.size(1))
+    group = hl.specialize(q.size(1) // k.size(1))
+    m_dim = q.size(2)
+    d = hl.specialize(q.size(3))
+    qv = q.reshape([-1, m_dim, d])
+    kv = k.reshape([-1, m_dim, d])
+    vv = v.reshape([-1, m_dim, d])
+    out = torch.empty_like(qv)
+    qk_scale = LOG2E / math.sqrt(d)
+    for tile_b, tile_m in hl.tile([bh_dim, m_dim], block_size=[1, None]):
+        b = tile_b.begin
+        bkv = (b // hq) * (hq // group) + (b % hq) // group
+        qt = qv[b, tile_m, :].to(torch.float32)
+        if norm_qk:
+            qt = qt * torch.rsqrt(torch.mean(qt * qt, dim=-1, keepdim=True) + eps) * q_weight[None, :].to(torch.float32)
+        qt = qt.to(qv.dtype)
+        m_i = hl.full([tile_m], float("-inf"), dtype=torch.float32)
+        l_i = hl.zeros([tile_m], dtype=torch.float32)
+        acc = hl.zeros([tile_m, d], dtype=torch.float32)
+        hi = m_dim
+        if causal:
+            hi = tile_m.end
+        for tile_n in hl.tile(0, hi):
+            valid_n = tile_n.index < m_dim
+            kt = kv[bkv, tile_n, :]
+            if norm_qk:  # once per K/V tile load
+                kf = kt.to(torch.float32)
+                kt = (kf * torch.rsqrt(torch.mean(kf * kf, dim=-1, keepdim=True) + eps)
+                      * k_weight[None, :].to(torch.float32)).to(kv.dtype)
+            s = hl.dot(qt, kt.T, out_dtype=torch.float32) * qk_scale
+            if causal:
+                s = torch.where((tile_n.index[None, :] <= tile_m.index[:, None]) & valid_n[None, :], s,
+                                float("-inf"))
+            else:
+                s = torch.where(valid_n[None, :], s, float("-inf"))
+            m_ij = torch.maximum(m_i, torch.amax(s, -1))
+            p = torch.exp2(s - m_ij[:, None])
+            alpha = torch.exp2(m_i - m_ij)
+            l_i = l_i * alpha + torch.sum(p, -1)
+            vt = torch.where(valid_n[:, None], vv[bkv, tile_n, :], 0.0)
+            acc = hl.dot(p.to(vv.dtype), vt, acc=acc * alpha[:, None])
+            m_i = m_ij
+        o = acc / l_i[:, None]
+        if o_weight is not None:
+            o = o * torch.rsqrt(torch.mean(o * o, dim=-1, keepdim=True) + eps) * o_weight[None, :].to(torch.float32)
+        out[b, tile_m, :] = o.to(out.dtype)
+    return out.view(q.size())
+
+
+def _is_pow2(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and (v & (v - 1)) == 0
+
+
+@dataclass(frozen=True)
+class TilingConfig(TilingConfigBase):
+    """``block_sizes`` ``(BLOCK_M, BLOCK_N)`` (powers of two in [16, 256]), ``num_warps`` (power of two, 1..16),
+    ``num_stages`` (1..6). Raises ValueError naming the violated constraint."""
+
+    block_sizes: tuple = (128, 64)
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def __post_init__(self):
+        bs = self.block_sizes
+        if isinstance(bs, (str, bytes)) or not isinstance(bs, (tuple, list)) or len(bs) != 2:
+            raise ValueError(f"block_sizes must be (BLOCK_M, BLOCK_N), got {bs!r}")
+        if not all(_is_pow2(x) and 16 <= x <= 256 for x in bs):
+            raise ValueError(f"block_sizes entries must be powers of two in [16, 256], got {bs!r}")
+        object.__setattr__(self, "block_sizes", tuple(bs))
+        if not (_is_pow2(self.num_warps) and self.num_warps <= 16):
+            raise ValueError(f"num_warps must be a power of two in [1, 16], got {self.num_warps!r}")
+        if not (isinstance(self.num_stages, int) and 1 <= self.num_stages <= 6):
+            raise ValueError(f"num_stages must be an integer in [1, 6], got {self.num_stages!r}")
+
+    def to_helion(self) -> helion.Config:
+        """Helion block ids: [batch x head (fixed 1), BLOCK_M, BLOCK_N]."""
+        bm, bn = self.block_sizes
+        return helion.Config(block_sizes=[bm, bn], num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+_COMPILED: dict = {}
+
+
+def ref_mode() -> bool:
+    """True when Helion runs kernels as eager PyTorch (``HELION_INTERPRET=1`` set before ``import helion``)."""
+    return is_ref_mode_enabled(_fna_kernel.settings)
+
+
+def _args(q, k, v, q_weight, k_weight, o_weight, causal, eps, norms: bool) -> tuple:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if norms and (q_weight is None or k_weight is None):
+        raise ValueError("qknorm_attention needs q_weight and k_weight [D]")
+    check_inputs(q, k, v, q_weight, k_weight, o_weight, eps)
+    if not norms:
+        q_weight = k_weight = o_weight = None
+    return (q, k, v, q_weight, k_weight, o_weight, float(eps), causal, norms)
+
+
+def _run(args: tuple, config):
+    cfg = TilingConfig.from_dict(config)
+    if ref_mode():
+        return _fna_kernel(*args)
+    q = args[0]
+    if q.device.type != "cuda":
+        raise ValueError(f"needs CUDA tensors (got {q.device}); on CPU set HELION_INTERPRET=1 before importing "
+                         "helion (ref mode), or use compile_sm90")
+    key = (tuple(q.shape), tuple(args[1].shape), q.dtype, q.device, args[5] is not None, args[7], args[8], cfg)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        bound = _fna_kernel.bind(args)
+        with _live_args(bound, args):
+            fn = bound.compile_config(cfg.to_helion())
+        _COMPILED[key] = fn
+    return fn(*args)
+
+
+def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, *, causal: bool, eps: float = 1e-6, o_weight=None,
+                     config=None) -> torch.Tensor:
+    """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo] in one kernel.
+
+    q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv), weights ``[D]``, one dtype (bf16 on the
+    GPU), contiguous, CUDA (CPU in ref mode). Returns o ``[B, Hq, S, D]`` in q's dtype. Raises TypeError /
+    ValueError for bad inputs (``normfuse.techniques.fna_llm.check_inputs``) or config, ValueError for CPU
+    tensors outside ref mode.
+    """
+    return _run(_args(q, k, v, q_weight, k_weight, o_weight, causal, eps, True), config)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
+    """The same kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (as ``qknorm_attention``)."""
+    return _run(_args(q, k, v, None, None, None, causal, 1e-6, False), config)
+
+
+def _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm):
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    norms = op == "qknorm_attention"
+    D = q.shape[-1]
+    if norms:
+        q_weight = q_weight if q_weight is not None else torch.empty(D, dtype=q.dtype)
+        k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
+    ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
+    args = _args(q, k, v, q_weight, k_weight, ow, causal, eps, norms)
+    cfg = TilingConfig.from_dict(config)
+    if ref_mode():
+        raise RuntimeError("code generation is unavailable in Helion ref mode (unset HELION_INTERPRET)")
+    return _fna_kernel.bind(args), cfg.to_helion(), args
+
+
+def _codegen_env(q):
+    return _as_on_h200() if q.device.type == "cpu" else contextlib.nullcontext()
+
+
+def triton_code(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float = 1e-6, config=None,
+                causal: bool = True, o_norm: bool = False) -> str:
+    """The Triton source Helion generates for ``op`` at ``config`` (CPU tensors are fine)."""
+    bound, hcfg, args = _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm)
+    with _live_args(bound, args), _codegen_env(q):
+        return bound.to_triton_code(hcfg)
+
+
+def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float = 1e-6, config=None,
+                 causal: bool = True, o_norm: bool = False) -> dict:
+    """Compile ``op`` for sm_90 without launching (needs ``normfuse.compile_only.install(90)``; CPU tensors, never
+    read); returns ``normfuse.compile_only.summarize``. RuntimeError in ref mode."""
+    from normfuse.compile_only import WarmupLauncher, summarize
+
+    bound, hcfg, args = _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm)
+    launcher = WarmupLauncher()
+    with _live_args(bound, args), _codegen_env(q):
+        bound.compile_config(hcfg)(*args, _launcher=launcher)
+    if launcher.last is None:
+        raise RuntimeError(f"{op}: Helion's host code did not launch a kernel; nothing was compiled")
+    return summarize(launcher.last)
+
+
+if __name__ == "__main__":  # GPU self-check: every shipped config at a few odd shapes
+    from normfuse.gpu_checks import check_all
+
+    fails = check_all("helion", "fna_llm")
+    print("\n".join(fails) or "fna_llm helion: all shipped configs correct")
