@@ -1,0 +1,289 @@
+r"""FlashNormAttention, LLM variant, in TLX (fbtriton 3.7.4) for the H200 (sm_90a): per-head RMSNorm of Q and K
+(learned γ, Qwen3 / OLMo2 style) fused into a warp-specialized FlashAttention-2 forward (TMA + mbarriers + wgmma,
+online softmax in fp32, causal or not, GQA), with an optional per-head RMSNorm of the output. Math and cost model:
+``normfuse/techniques/fna_llm.py``.
+
+Kernel (``_fna_llm_ws_kernel``; one CTA per (Q tile of ``BLOCK_M`` rows, batch x query head)), after the
+Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
+
+* **Producer** (``"default"`` task, 4 warps): builds per-(batch, head) device-side TMA descriptors ``[S, D]`` (rows
+  past S read as zeros, so no other sequence is ever touched), loads the two Q halves (``BLOCK_M / 2`` rows each)
+  once, then streams K and V tiles ``[BLOCK_N, D]`` through a ring of ``NUM_BUFFERS`` shared-memory buffers
+  (``k_fulls`` / ``k_empties``, ``v_fulls`` / ``v_empties`` mbarriers). Causal: only the KV tiles up to the Q
+  tile's diagonal are loaded.
+* **Consumers** (2 replicated warpgroups, ``setmaxnreg`` 232 registers, 64 query rows each):
+  - Q is normalized once: the warpgroup reads its Q half from shared memory, computes
+    ``q' = q * rsqrt(mean(q²) + eps) * q_weight * k_weight`` in fp32 (the K weight is folded into Q:
+    ``q_n · k_n = Σ_d (q_n,d γk_d) k_d · rstd_k``), rounds it and keeps it in registers as the wgmma A operand;
+  - per KV tile: issue ``S = q' @ kᵀ`` on the *raw* K tile (wgmma, B from shared memory), and while it runs,
+    compute the K rows' ``rstd_k = rsqrt(mean(k²) + eps)`` from shared memory in 32-column slices (once per K/V
+    tile load per warpgroup); then ``S *= rstd_k`` (a column scale), scale by ``log2(e)/sqrt(D)``, causal /
+    sequence-end mask only on the tiles that need it, online softmax, ``acc += p @ v`` (wgmma, A from registers);
+  - ``PINGPONG``: the two warpgroups take turns issuing their QKᵀ wgmma (named barriers 9 / 10, as the
+    ping-pong tutorial), so one group's softmax overlaps the other's tensor-core work;
+  - epilogue: ``acc / l``, optional output RMSNorm, masked pointer store.
+
+Rounding differs slightly from the unfused path (K is never rounded after normalization; Q carries γk), within the
+flash-attention tolerance.
+
+What TLX could not (or this module does not) express: the K normalization is repeated by the two consumer
+warpgroups and by every Q tile (a producer-side normalization into a second shared buffer would need a third
+partition with registers to spare; setmaxnreg leaves the producer ~40); the intra-warpgroup software pipelining
+of the "pipelined ping-pong" tutorial (QKᵀ of tile j+1 overlapping PV of tile j) is not used. fp16/bf16 only
+(wgmma); nothing TLX runs on the CPU, so the CPU check is the sm_90a compile (wgmma, TMA, mbarrier, setmaxnreg).
+
+Sources: FlashAttention-2 (https://arxiv.org/abs/2307.08691), FlashAttention-3 ping-pong scheduling
+(https://arxiv.org/abs/2407.08608); fbtriton TLX Hopper FA tutorials; the PyTorch blog "Towards Free
+Normalization" (FlashNormAttention). Code written for this repo.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from normfuse.techniques.fna_llm import check_inputs
+from normfuse.tiling import TilingConfigBase
+
+LOG2E = 1.4426950408889634
+NUM_MMA_GROUPS = 2  # consumer warpgroups, 64 query rows each
+CONSUMER_REGS = 232
+
+
+@dataclass(frozen=True)
+class TilingConfig(TilingConfigBase):
+    """``BLOCK_M`` (128: two consumer warpgroups of 64 rows), ``BLOCK_N`` (64 or 128 keys per step),
+    ``NUM_BUFFERS`` (K/V ring depth, 2-4), ``PINGPONG`` (ordered QKᵀ issue between the two warpgroups).
+    Raises ValueError naming the violated constraint."""
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 128
+    NUM_BUFFERS: int = 2
+    PINGPONG: bool = True
+
+    def __post_init__(self):
+        if self.BLOCK_M != 128:
+            raise ValueError(f"BLOCK_M must be 128 (two consumer warpgroups of 64 rows), got {self.BLOCK_M!r}")
+        if self.BLOCK_N not in (64, 128):
+            raise ValueError(f"BLOCK_N must be 64 or 128, got {self.BLOCK_N!r}")
+        if self.NUM_BUFFERS not in (2, 3, 4):
+            raise ValueError(f"NUM_BUFFERS must be 2, 3 or 4, got {self.NUM_BUFFERS!r}")
+        if not isinstance(self.PINGPONG, bool):
+            raise ValueError(f"PINGPONG must be a bool, got {self.PINGPONG!r}")
+
+
+@triton.jit
+def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       NUM_BUFFERS: tl.constexpr, NUM_MMA_GROUPS: tl.constexpr, CAUSAL: tl.constexpr,
+                       NORM_QK: tl.constexpr, NORM_O: tl.constexpr, PINGPONG: tl.constexpr,
+                       CONSUMER_REGS: tl.constexpr):
+    BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
+    D_CHUNK: tl.constexpr = 32
+    dtype = Q.dtype.element_ty
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    hkv = b * (HQ // GROUP) + h // GROUP
+    q_off = bh.to(tl.int64) * S * HEAD_DIM
+    kv_off = hkv.to(tl.int64) * S * HEAD_DIM
+    if CAUSAL:
+        hi = (start_m + 1) * BLOCK_M
+        if hi > S:
+            hi = S
+    else:
+        hi = S
+
+    q_tiles = tlx.local_alloc((BLOCK_M_SPLIT, HEAD_DIM), dtype, NUM_MMA_GROUPS)
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS)
+    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS, arrive_count=1)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_MMA_GROUPS)
+    k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_MMA_GROUPS)
+    v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer: TMA loads
+            desc_q = tl.make_tensor_descriptor(Q + q_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                               block_shape=[BLOCK_M_SPLIT, HEAD_DIM])
+            desc_k = tl.make_tensor_descriptor(K + kv_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                               block_shape=[BLOCK_N, HEAD_DIM])
+            desc_v = tl.make_tensor_descriptor(V + kv_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                               block_shape=[BLOCK_N, HEAD_DIM])
+            for cid in tl.static_range(0, NUM_MMA_GROUPS):
+                tlx.barrier_expect_bytes(q_fulls[cid], 2 * BLOCK_M_SPLIT * HEAD_DIM)
+                tlx.async_descriptor_load(desc_q, q_tiles[cid], [start_m * BLOCK_M + cid * BLOCK_M_SPLIT, 0],
+                                          q_fulls[cid])
+            kv_phase = 0
+            cnt = 0
+            for start_n in tl.range(0, hi, BLOCK_N):
+                buf = cnt % NUM_BUFFERS
+                kv_phase = kv_phase ^ (buf == 0)
+                tlx.barrier_wait(k_empties[buf], kv_phase)
+                tlx.barrier_expect_bytes(k_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
+                tlx.async_descriptor_load(desc_k, k_tiles[buf], [start_n, 0], k_fulls[buf])
+                tlx.barrier_wait(v_empties[buf], kv_phase)
+                tlx.barrier_expect_bytes(v_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
+                tlx.async_descriptor_load(desc_v, v_tiles[buf], [start_n, 0], v_fulls[buf])
+                cnt += 1
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_MMA_GROUPS):  # consumers
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            row0 = start_m * BLOCK_M + cid * BLOCK_M_SPLIT
+            offs_m = row0 + tl.arange(0, BLOCK_M_SPLIT)
+            offs_d = tl.arange(0, HEAD_DIM)
+            tlx.barrier_wait(q_fulls[cid], 0)
+            qf = tlx.local_load(q_tiles[cid]).to(tl.float32)
+            if NORM_QK:  # once per Q tile; k_weight folded into Q (the K rows' rstd scales S's columns)
+                qw = tl.load(QW + offs_d).to(tl.float32)
+                kw = tl.load(KW + offs_d).to(tl.float32)
+                qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * (qw * kw)[None, :]
+            q = qf.to(dtype)
+            m_i = tl.full([BLOCK_M_SPLIT], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M_SPLIT, HEAD_DIM], dtype=tl.float32)
+            if PINGPONG:
+                if cid == 1:
+                    tlx.named_barrier_arrive(9, 256)
+            kv_phase = 1
+            cnt = 0
+            for start_n in tl.range(0, hi, BLOCK_N):
+                buf = cnt % NUM_BUFFERS
+                kv_phase = kv_phase ^ (buf == 0)
+                tlx.barrier_wait(k_fulls[buf], kv_phase)
+                if PINGPONG:
+                    if cid == 0:
+                        tlx.named_barrier_wait(9, 256)
+                    else:
+                        tlx.named_barrier_wait(10, 256)
+                qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
+                if PINGPONG:
+                    if cid == 0:
+                        tlx.named_barrier_arrive(10, 256)
+                    else:
+                        tlx.named_barrier_arrive(9, 256)
+                if NORM_QK:  # rstd of the K rows, from shared memory, while the wgmma runs
+                    ss = tl.zeros([BLOCK_N], dtype=tl.float32)
+                    for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
+                        kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [0, d0], [BLOCK_N, D_CHUNK]))
+                        kc = kc.to(tl.float32)
+                        ss += tl.sum(kc * kc, 1)
+                    col_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
+                qk = tlx.async_dot_wait(0, qk)
+                tlx.barrier_arrive(k_empties[buf], 1)
+                if NORM_QK:
+                    qk = qk * col_scale[None, :]
+                else:
+                    qk = qk * qk_scale
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                need_mask = start_n + BLOCK_N > S
+                if CAUSAL:
+                    need_mask = need_mask | (start_n + BLOCK_N > row0 + 1)
+                if need_mask:
+                    valid = offs_n[None, :] < S
+                    if CAUSAL:
+                        valid = valid & (offs_n[None, :] <= offs_m[:, None])
+                    qk = tl.where(valid, qk, float("-inf"))
+                m_ij = tl.maximum(m_i, tl.max(qk, 1))
+                p = tl.math.exp2(qk - m_ij[:, None])
+                alpha = tl.math.exp2(m_i - m_ij)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None]
+                m_i = m_ij
+                tlx.barrier_wait(v_fulls[buf], kv_phase)
+                acc = tlx.async_dot(p.to(dtype), v_tiles[buf], acc)
+                acc = tlx.async_dot_wait(0, acc)
+                tlx.barrier_arrive(v_empties[buf], 1)
+                cnt += 1
+            acc = acc / l_i[:, None]
+            if NORM_O:
+                ow = tl.load(OW + offs_d).to(tl.float32)
+                acc = acc * (1.0 / tl.sqrt(tl.sum(acc * acc, 1) / HEAD_DIM + eps))[:, None] * ow[None, :]
+            o_ptrs = O + q_off + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+            tl.store(o_ptrs, acc.to(dtype), mask=offs_m[:, None] < S)
+
+
+def _alloc_fn(size: int, align: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: bool, need_cuda: bool = True):
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if norms and (q_weight is None or k_weight is None):
+        raise ValueError("qknorm_attention needs q_weight and k_weight [D]")
+    B, Hq, Hkv, S, D = check_inputs(q, k, v, q_weight, k_weight, o_weight, eps)
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"the TLX kernel takes bf16/fp16 (wgmma), got {q.dtype}")
+    if D not in (64, 128):
+        raise ValueError(f"the TLX kernel supports head dim 64 or 128 (register budget), got D={D}")
+    cfg = TilingConfig.from_dict(config)
+    if need_cuda and q.device.type != "cuda":
+        raise ValueError(f"inputs must be CUDA tensors (got {q.device}); TLX has no CPU mode (use compile_sm90)")
+    o = torch.empty_like(q)
+    dummy = q
+    args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
+            o_weight if o_weight is not None else dummy, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
+    grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
+    kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
+              NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, NORM_O=o_weight is not None,
+              PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS, num_warps=4, num_stages=1)
+    return o, args, grid, kw
+
+
+def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, *, causal: bool, eps: float = 1e-6, o_weight=None,
+                     config=None) -> torch.Tensor:
+    """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo] in one
+    warp-specialized kernel.
+
+    q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv, D in {64, 128}), weights ``[D]``, one
+    dtype (bf16/fp16), contiguous CUDA tensors. Returns o ``[B, Hq, S, D]``. Raises TypeError / ValueError for bad
+    inputs (``normfuse.techniques.fna_llm.check_inputs`` plus the dtype / D limits above) or config, ValueError for
+    CPU tensors.
+    """
+    o, args, grid, kw = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
+    triton.set_allocator(_alloc_fn)  # device-side TMA descriptors
+    _fna_llm_ws_kernel[grid](*args, **kw)
+    return o
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
+    """The same warp-specialized kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v``."""
+    o, args, grid, kw = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
+    triton.set_allocator(_alloc_fn)
+    _fna_llm_ws_kernel[grid](*args, **kw)
+    return o
+
+
+def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float = 1e-6, config=None,
+                 causal: bool = True, o_norm: bool = False) -> dict:
+    """Compile ``op`` ('qknorm_attention' / 'attention') for sm_90a without a GPU (needs
+    ``normfuse.compile_only.install(90)``; CPU tensors, never read). Returns ``normfuse.compile_only.summarize``
+    (ptx_markers: wgmma, tma_load, mbarrier, setmaxnreg, ...)."""
+    from normfuse.compile_only import summarize
+
+    if op not in ("qknorm_attention", "attention"):
+        raise ValueError(f"unknown op {op!r}; choices: qknorm_attention, attention")
+    norms = op == "qknorm_attention"
+    D = q.shape[-1]
+    if norms:
+        q_weight = q_weight if q_weight is not None else torch.empty(D, dtype=q.dtype)
+        k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
+    ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
+    _, args, grid, kw = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, need_cuda=False)
+    return summarize(_fna_llm_ws_kernel.warmup(*args, grid=grid, **kw))
+
+
+if __name__ == "__main__":  # GPU self-check: every shipped config at a few odd shapes
+    from normfuse.gpu_checks import check_all
+
+    fails = check_all("tlx", "fna_llm")
+    print("\n".join(fails) or "fna_llm tlx: all shipped configs correct")
