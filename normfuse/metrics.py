@@ -86,6 +86,16 @@ def add_saving(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def add_technique_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    """Apply ``spec.add_metrics(df)`` of every technique in ``df`` whose spec defines it (e.g. fna_llm's
+    ``sdpa_fraction``); other techniques pass through unchanged."""
+    for name in df["technique"].dropna().unique() if "technique" in df else []:
+        fn = getattr(get_technique(name), "add_metrics", None)
+        if fn is not None:
+            df = fn(df)
+    return df
+
+
 def _min_finite(*xs) -> float:
     finite = [x for x in xs if x is not None and np.isfinite(x)]
     return min(finite) if finite else np.nan

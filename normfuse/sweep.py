@@ -263,7 +263,7 @@ def finalize(run_dir: Path, console=None) -> "object":
     df = ResultsStore(run_dir).dataframe()
     if df.empty:
         return df
-    df = metrics.add_saving(metrics.add_hidden(metrics.add_rates(df)))
+    df = metrics.add_technique_metrics(metrics.add_saving(metrics.add_hidden(metrics.add_rates(df))))
     write_tables(df, run_dir)
     meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
     mode = meta.get("mode", "gpu" if (df["mode"] == "gpu").any() else "cpu")

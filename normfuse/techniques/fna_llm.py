@@ -24,7 +24,8 @@ q, k, v with the flash backend where available, GQA by ``enable_gqa``) and ``sdp
 RMSNorms of q and k for this one shape, then SDPA, then the optional output norm).
 
 Metrics: TFLOP/s from ``flops`` (4·B·Hq·S²·D, halved for causal; norms not counted, so the fused kernel's
-TFLOP/s is directly comparable with SDPA's) and ``sdpa_fraction`` (the fraction of SDPA's TFLOP/s kept).
+TFLOP/s is directly comparable with SDPA's), ``sdpa_fraction`` (the fraction of SDPA's TFLOP/s kept; target >= 0.9
+for 'fused') and ``speedup_vs_unfused`` (vs 'sdpa_plus_norms'; target > 1): ``add_metrics``.
 
 Source: "Towards Free Normalization: Fusing Normalization into GEMM and Attention Kernels", PyTorch blog,
 2026-07-10 (FlashNormAttention), https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
@@ -254,18 +255,25 @@ def bytes_moved(impl: str, M: int, N: int, K: int, itemsize: int = 2, kv_heads: 
     return (qo + kv + extra) * itemsize
 
 
-def sdpa_fraction(df):
-    """Fraction of SDPA's TFLOP/s kept: per (variant, M, N, K, dtype), ``T_sdpa / T`` for every row with a time
-    (a pandas DataFrame with columns impl, p50_ms, status, ...); returns a copy with column ``sdpa_fraction``."""
+def add_metrics(df):
+    """Technique metrics of a run (called by ``normfuse.sweep.finalize`` through ``metrics.add_technique_metrics``):
+    ``sdpa_fraction`` = the fraction of SDPA's TFLOP/s kept, ``T_sdpa / T`` per (variant, M, N, K, dtype) for every
+    timed row (same FLOP count for every impl), and ``speedup_vs_unfused`` = ``T_sdpa_plus_norms / T``. Returns a
+    copy of the pandas DataFrame with both columns."""
     import numpy as np
+    import pandas as pd
 
     df = df.copy()
     df["sdpa_fraction"] = np.nan
-    ok = df[(df["status"] == "ok")]
+    df["speedup_vs_unfused"] = np.nan
+    df["p50_ms"] = pd.to_numeric(df["p50_ms"], errors="coerce") if "p50_ms" in df else np.nan
+    ok = df[(df["status"] == "ok") & df["technique"].eq(NAME)]
     for _, g in ok.groupby(["variant", "M", "N", "K", "dtype"], dropna=False):
         t_sdpa = g[g["impl"] == "sdpa"]["p50_ms"].min()
+        t_unfused = g[g["impl"] == "sdpa_plus_norms"]["p50_ms"].min()
         for idx, r in g.iterrows():
             df.loc[idx, "sdpa_fraction"] = t_sdpa / r["p50_ms"]
+            df.loc[idx, "speedup_vs_unfused"] = t_unfused / r["p50_ms"]
     return df
 
 
@@ -323,3 +331,22 @@ def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
         o = _sdpa(cnorm(q, qw), cnorm(k, kw), v, causal)
         return cnorm(o, ow) if ow is not None else o
     return fn
+
+
+def summary_table(df) -> str:
+    """Markdown table of a finished GPU run (the DataFrame of ``results.parquet``, after ``add_metrics``): per
+    (variant, S, B), the best TFLOP/s of SDPA, SDPA + norms, and each DSL's fused and plain attention, with the
+    fused kernel's fraction of SDPA's TFLOP/s."""
+    import pandas as pd
+
+    f = df[(df["status"] == "ok") & df["tflops"].notna()]
+    if f.empty:
+        return "(no timed rows)"
+    f = f.assign(who=f["dsl"].where(f["dsl"] != "torch", "") + f["impl"].where(f["dsl"] == "torch",
+                                                                               "/" + f["impl"]))
+    t = f.pivot_table(index=["variant", "M", "N"], columns="who", values="tflops", aggfunc="max")
+    frac = f[f["impl"] == "fused"].pivot_table(index=["variant", "M", "N"], columns="dsl", values="sdpa_fraction",
+                                               aggfunc="max")
+    t = t.join(frac.add_suffix(" fused/SDPA"))
+    t.index = t.index.set_names(["variant", "S", "B"])
+    return pd.DataFrame(t).round(3).to_markdown()
