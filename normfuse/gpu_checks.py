@@ -36,14 +36,21 @@ CHECKS = {  # technique -> (tiling file, shapes, variants, eps)
     # any BLOCK_M, H = 3; every option set has a length-1, a zero-length and a max_len-1 sequence (edge_cases)
     "fna": ("fna_h200.yaml", [(1, 2, 128), (2, 3, 128), (100, 3, 128), (1000, 4, 128), (3000, 2, 128),
                               (777, 3, 64)], ("gdpa",), 1e-5),
+    # fna_llm (M = S, N = B, K = Hq; options below): S = 1, S not a multiple of any block, Hq = 3 with Hkv = 1,
+    # a block-aligned S, and the benchmark head layout (Hq = 32, Hkv = 8) at S = 1000 / 4096 (fna_llm_gqa)
+    "fna_llm": ("fna_llm_h200.yaml", [(1, 2, 3), (257, 2, 3), (1000, 1, 3), (1024, 2, 3)],
+                ("causal", "noncausal"), 1e-6),
+    "fna_llm_gqa": ("fna_llm_h200.yaml", [(1000, 2, 32), (4096, 1, 32)], ("causal", "noncausal"), 1e-6),
 }
-CHECK_TECHNIQUE = {"lazy_prenorm_ln": "lazy_prenorm"}  # check name -> technique, where they differ
+CHECK_TECHNIQUE = {"lazy_prenorm_ln": "lazy_prenorm", "fna_llm_gqa": "fna_llm"}  # check name -> technique
 # make_inputs options per check, each set checked at every shape (default: one set, {}); the fused kernels also
 # with mean-shifted inputs (one-pass statistics, epilogue cancellation) and, for naive fusion, an affine
 CHECK_OPTIONS = {"lazy_prenorm_ln": ({}, {"mean_shift": 10.0}),
                  "naive_fusion": ({}, {"affine": True, "mean_shift": 10.0}),
                  "mxnorm": ({"scale_mode": "floor"}, {"scale_mode": "rceil"}),
-                 "fna": ({"batch": 37, "edge_cases": True}, {"batch": 96, "edge_cases": True, "mean_shift": 10.0})}
+                 "fna": ({"batch": 37, "edge_cases": True}, {"batch": 96, "edge_cases": True, "mean_shift": 10.0}),
+                 "fna_llm": ({"kv_heads": 1}, {"kv_heads": 1, "o_norm": True}),
+                 "fna_llm_gqa": ({"kv_heads": 8}, {"kv_heads": 8, "o_norm": True})}
 GEMM_IMPLS = ("gemm",)  # the same for every variant: checked for the first variant only
 
 
@@ -186,4 +193,42 @@ def check_fna_isolation(dsl: str, M: int = 300, H: int = 3, D: int = 128, B: int
             continue
         except Exception as e:  # noqa: BLE001
             failures.append(f"{dsl}/fna/{name}: {type(e).__name__}: {e}")
+    return failures
+
+
+def check_fna_llm_nan_isolation(dsl: str, S: int = 300, B: int = 3, H: int = 4, kv_heads: int = 2,
+                                eps: float = 1e-6) -> list[str]:
+    """fna_llm, every shipped config of ``dsl``, both variants, fused and plain attention: a NaN in q and an Inf in
+    k and v of batch element 1 must make batch 1's output non-finite and leave batches 0 and 2 bitwise equal to
+    the same kernel's output without them (no leak through a shared tile, a masked load or a reduction).
+    Returns failure descriptions (empty when all pass)."""
+    import torch
+
+    from normfuse import registry
+    from normfuse.techniques import fna_llm
+
+    failures = []
+    for cfg in shipped_configs(dsl, "fna_llm"):
+        cfg = dict(cfg)
+        name = cfg.pop("name", "?")
+        cfg.pop("impls", None)
+        for variant in fna_llm.VARIANTS:
+            for impl in fna_llm.IMPLS:
+                fn = registry.kernel_function(dsl, "fna_llm", impl, variant)
+                try:
+                    inputs = fna_llm.make_inputs(S, B, H, dtype="bf16", device="cuda", seed=3, kv_heads=kv_heads)
+                    clean = fna_llm.kernel_call(fn, impl, inputs, eps, cfg, variant)().clone()
+                    bad = dict(inputs, q=inputs["q"].clone(), k=inputs["k"].clone(), v=inputs["v"].clone())
+                    bad["q"][1, 0, 0, 5] = float("nan")
+                    bad["k"][1, 0, S - 1, 3] = float("inf")
+                    bad["v"][1, 1, S // 2, 7] = float("nan")
+                    out = fna_llm.kernel_call(fn, impl, bad, eps, cfg, variant)()
+                    if torch.isfinite(out[1].float()).all():
+                        failures.append(f"{dsl}/fna_llm/{variant}/{impl}/{name}: NaN/Inf in batch 1 did not reach it")
+                    if not (torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2])):
+                        failures.append(f"{dsl}/fna_llm/{variant}/{impl}/{name}: NaN/Inf in batch 1 changed batch 0/2")
+                except ValueError:  # the config does not serve this shape by design
+                    continue
+                except Exception as e:  # noqa: BLE001
+                    failures.append(f"{dsl}/fna_llm/{variant}/{impl}/{name}: {type(e).__name__}: {e}")
     return failures

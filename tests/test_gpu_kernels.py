@@ -6,7 +6,8 @@ from normfuse.gpu_checks import check_all
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("technique", ["lazy_prenorm", "norms", "naive_fusion", "lazy_prenorm_ln", "mxnorm", "multi_cta", "fna"])
+@pytest.mark.parametrize("technique", ["lazy_prenorm", "norms", "naive_fusion", "lazy_prenorm_ln", "mxnorm", "multi_cta",
+                                       "fna", "fna_llm", "fna_llm_gqa"])
 @pytest.mark.parametrize("dsl", ["triton", "helion"])
 def test_shipped_configs_correct(dsl, technique):
     failures = check_all(dsl, technique)
@@ -30,4 +31,14 @@ def test_fna_nan_isolation(dsl):
     from normfuse.gpu_checks import check_fna_isolation
 
     failures = check_fna_isolation(dsl)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dsl", ["triton", "helion"])
+def test_fna_llm_nan_isolation(dsl):
+    """A NaN/Inf in one batch element of q, k, v never reaches another (every shipped fna_llm config)."""
+    from normfuse.gpu_checks import check_fna_llm_nan_isolation
+
+    failures = check_fna_llm_nan_isolation(dsl)
     assert not failures, "\n".join(failures)
