@@ -1,0 +1,142 @@
+"""fna_llm in Triton (kernels_triton/fna_llm.py):
+
+1. semantics under ``TRITON_INTERPRET=1`` (fp16/fp32; odd S, S = 1, GQA, Hq = 3 with Hkv = 1, causal and not,
+   output norm, the unmasked / masked KV-loop split with BLOCK_N < BLOCK_M and BLOCK_N > BLOCK_M), NaN/Inf isolation
+   between batch elements, bad inputs;
+2. sm_90 compile of every shipped config (wgmma present, shared memory within the H200's limit).
+"""
+
+import json
+
+import pytest
+import torch
+
+from normfuse.testing import run_python_json
+
+_INTERP = r"""
+import json, torch
+from normfuse.techniques import fna_llm as T
+from kernels_triton import fna_llm as K
+
+def run(impl, inp, variant, cfg):
+    fn = getattr(K, T.kernel_function_name(impl))
+    return T.kernel_call(fn, impl, inp, 1e-6, cfg, variant)()
+
+CASES = [  # S, B, Hq, Hkv, D, config
+    (70, 2, 4, 2, 32, {"BLOCK_M": 32, "BLOCK_N": 16}),
+    (70, 1, 3, 1, 32, {"BLOCK_M": 16, "BLOCK_N": 32}),
+    (1, 2, 2, 1, 16, {"BLOCK_M": 16, "BLOCK_N": 16}),
+    (64, 1, 2, 2, 64, {"BLOCK_M": 32, "BLOCK_N": 32}),
+]
+rows = []
+for dtype in ("fp16", "fp32"):
+    for S, B, Hq, Hkv, D, cfg in CASES:
+        for o_norm in (False, True):
+            inp = T.make_inputs(S, B, Hq, dtype=dtype, kv_heads=Hkv, head_dim=D, o_norm=o_norm, seed=S + Hq)
+            for variant in T.VARIANTS:
+                for impl in T.IMPLS:
+                    if impl == "attention" and o_norm:
+                        continue
+                    out = run(impl, inp, variant, cfg)
+                    r = T.check(impl, out, inp, 1e-6, variant)
+                    rows.append(dict(dtype=dtype, S=S, Hq=Hq, variant=variant, impl=impl, o_norm=o_norm, ok=r["ok"],
+                                     err=r["max_abs_err"], tol=r["tol"], shape_ok=out.shape == inp["q"].shape
+                                     and out.dtype == inp["q"].dtype))
+
+# NaN in q, Inf in k, NaN in v of batch element 1: batch 1 non-finite, batches 0 and 2 unchanged
+nan = []
+for variant in T.VARIANTS:
+    for impl in T.IMPLS:
+        inp = T.make_inputs(45, 3, 2, dtype="fp32", kv_heads=1, head_dim=16, seed=9)
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 16}
+        clean = run(impl, inp, variant, cfg)
+        bad = dict(inp, q=inp["q"].clone(), k=inp["k"].clone(), v=inp["v"].clone())
+        bad["q"][1, 0, 0, 3] = float("nan")
+        bad["k"][1, 0, 44, 2] = float("inf")
+        bad["v"][1, 0, 20, 1] = float("nan")
+        out = run(impl, bad, variant, cfg)
+        nan.append(dict(variant=variant, impl=impl, own=not bool(torch.isfinite(out[1]).all()),
+                        others=bool(torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2]))))
+print(json.dumps({"rows": rows, "nan": nan}))
+"""
+
+
+@pytest.fixture(scope="module")
+def interp():
+    return run_python_json(_INTERP, env={"TRITON_INTERPRET": "1"}, timeout=600)
+
+
+def test_interpreter_matches_reference(interp):
+    bad = [r for r in interp["rows"] if not (r["ok"] and r["shape_ok"])]
+    assert not bad, bad
+    assert len(interp["rows"]) == 2 * 4 * (2 * 2 + 2)
+
+
+def test_interpreter_fp32_is_tight(interp):
+    """fp32 with input_precision='ieee': the kernel is an exact reformulation (errors ~1e-6, not just in tol)."""
+    for r in interp["rows"]:
+        if r["dtype"] == "fp32":
+            assert r["err"] < 1e-4, r
+
+
+def test_nan_stays_in_its_batch_element(interp):
+    assert len(interp["nan"]) == 4
+    for r in interp["nan"]:
+        assert r["own"] and r["others"], r
+
+
+def test_bad_inputs_and_configs():
+    from kernels_triton import fna_llm as K
+    from normfuse.techniques import fna_llm as T
+
+    inp = T.make_inputs(8, 1, 2, dtype="fp16", kv_heads=1, head_dim=16)
+    q, k, v, qw, kw = inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"]
+    with pytest.raises(ValueError, match="CUDA"):
+        K.qknorm_attention(q, k, v, qw, kw, causal=True)
+    with pytest.raises(TypeError, match="causal"):
+        K.attention(q, k, v, causal=1)
+    with pytest.raises(ValueError, match="q_weight and k_weight"):
+        K.qknorm_attention(q, k, v, None, kw, causal=True)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        K.attention(q[:, :1].contiguous(), torch.cat([k, k], 1), torch.cat([v, v], 1), causal=False)
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        K.attention(q, k, v, causal=True, config={"BLOCK_N": 48})
+    with pytest.raises(ValueError, match="valid keys"):
+        K.TilingConfig.from_dict({"BLOCK_K": 64})
+    with pytest.raises(ValueError, match="num_stages"):
+        K.TilingConfig(num_stages=0)
+
+
+_COMPILE = r"""
+import json, yaml
+from normfuse import compile_only
+compile_only.install(90)
+from normfuse.techniques import fna_llm as T
+from kernels_triton import fna_llm as K
+cfgs = yaml.safe_load(open("configs/tiling/fna_llm_h200.yaml"))["triton"]
+out = []
+for c in cfgs:
+    c = dict(c); name = c.pop("name")
+    for op in ("qknorm_attention", "attention"):
+        for causal in (True, False):
+            r = K.compile_sm90(op, *T.compile_inputs(1000, 2, 32, "bf16"), config=c, causal=causal, o_norm=causal)
+            out.append(dict(name=name, op=op, causal=causal, wgmma=r["ptx_markers"]["wgmma"], smem_ok=r["smem_ok"],
+                            num_warps=r["num_warps"]))
+print(json.dumps(out))
+"""
+
+
+def test_shipped_configs_compile_for_sm90_with_wgmma():
+    out = run_python_json(_COMPILE, timeout=600)
+    assert len(out) == 3 * 4
+    for r in out:
+        assert r["wgmma"] > 0 and r["smem_ok"], r
+
+
+def test_compile_sm90_rejects_unknown_op():
+    from kernels_triton import fna_llm as K
+    from normfuse.techniques import fna_llm as T
+
+    with pytest.raises(ValueError, match="choices"):
+        K.compile_sm90("matmul", *T.compile_inputs(64, 1, 8, "bf16"))
+    assert json.dumps(K.TilingConfig().to_dict())
