@@ -1,0 +1,123 @@
+"""fna_llm in Helion (kernels_helion/fna_llm.py):
+
+1. ref mode (``HELION_INTERPRET=1``, eager PyTorch on whole tensors; subprocess): fp16/fp32/bf16, odd S, S = 1,
+   GQA, Hq = 3 with Hkv = 1, causal and not, output norm; NaN/Inf isolation between batch elements;
+2. generated Triton: 2-D tiles, the causal KV loop bounded by the Q tile's end (clamped to S), GQA KV-head index,
+   the K norm inside the KV loop; sm_90 compile of every shipped config with wgmma;
+3. bad inputs and configs.
+"""
+
+import os
+
+import pytest
+import torch
+
+from normfuse.testing import run_python_json
+
+km = pytest.importorskip("kernels_helion.fna_llm")
+IN_REF_MODE = os.environ.get("HELION_INTERPRET") == "1"
+
+_REF = r"""
+import json, torch
+from normfuse.techniques import fna_llm as T
+from kernels_helion import fna_llm as K
+assert K.ref_mode()
+
+def run(impl, inp, variant, cfg=None):
+    return T.kernel_call(getattr(K, T.kernel_function_name(impl)), impl, inp, 1e-6, cfg, variant)()
+
+rows = []
+for dtype in ("fp16", "fp32", "bf16"):
+    for S, B, Hq, Hkv, D in ((70, 2, 4, 2, 32), (70, 1, 3, 1, 32), (1, 2, 2, 1, 16), (130, 1, 4, 4, 64)):
+        for o_norm in (False, True):
+            inp = T.make_inputs(S, B, Hq, dtype=dtype, kv_heads=Hkv, head_dim=D, o_norm=o_norm, seed=S)
+            for variant in T.VARIANTS:
+                for impl in T.IMPLS:
+                    if impl == "attention" and o_norm:
+                        continue
+                    out = run(impl, inp, variant, {"block_sizes": [32, 16]})
+                    r = T.check(impl, out, inp, 1e-6, variant)
+                    rows.append(dict(dtype=dtype, S=S, variant=variant, impl=impl, ok=r["ok"], err=r["max_abs_err"],
+                                     tol=r["tol"], shape_ok=out.shape == inp["q"].shape and out.dtype == inp["q"].dtype))
+nan = []
+for variant in T.VARIANTS:
+    inp = T.make_inputs(40, 3, 2, dtype="fp32", kv_heads=1, head_dim=16, seed=2)
+    clean = run("fused", inp, variant)
+    bad = dict(inp, q=inp["q"].clone(), k=inp["k"].clone())
+    bad["q"][1, 1, 0, 0] = float("nan")
+    bad["k"][1, 0, 39, 0] = float("inf")
+    out = run("fused", bad, variant)
+    nan.append(dict(own=not bool(torch.isfinite(out[1]).all()),
+                    others=bool(torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2]))))
+print(json.dumps({"rows": rows, "nan": nan}))
+"""
+
+
+def test_ref_mode_matches_reference():
+    res = run_python_json(_REF, env={"HELION_INTERPRET": "1"}, timeout=600)
+    bad = [r for r in res["rows"] if not (r["ok"] and r["shape_ok"])]
+    assert not bad, bad
+    assert len(res["rows"]) == 3 * 4 * 6
+    assert all(r["own"] and r["others"] for r in res["nan"]), res["nan"]
+
+
+def _inputs(S=200, B=2, Hq=4, Hkv=2, D=128):
+    q = torch.randn(B, Hq, S, D, dtype=torch.bfloat16)
+    k = torch.randn(B, Hkv, S, D, dtype=torch.bfloat16)
+    w = torch.ones(D, dtype=torch.bfloat16)
+    return q, k, k.clone(), w, w.clone()
+
+
+@pytest.mark.skipif(IN_REF_MODE, reason="code generation needs Helion's compiler (not ref mode)")
+def test_generated_code_structure():
+    q, k, v, qw, kw = _inputs()
+    code = km.triton_code("qknorm_attention", q, k, v, qw, kw, causal=True, config={"block_sizes": [128, 64]})
+    assert "tl.minimum(offset_1 + _BLOCK_SIZE_1, 200)" in code  # causal: KV loop ends at the Q tile's end (<= S)
+    assert "tl.range(0, tl.cast(tile_end" in code
+    assert "div_floor_integer(offset_0, 4)" in code  # GQA: KV head from the (batch x query head) index
+    assert code.count("tl.dot(") == 2
+    loop = code[code.index("for offset_3"):]
+    assert "rsqrt" in loop  # K normalized inside the KV loop, once per K tile
+    plain = km.triton_code("attention", q, k, v, causal=False, config={"block_sizes": [128, 64]})
+    assert "rsqrt" not in plain and "tile_end" not in plain
+
+
+@pytest.mark.skipif(IN_REF_MODE, reason="compile-only needs Helion's compiler (not ref mode)")
+def test_shipped_configs_compile_for_sm90_with_wgmma():
+    code = r"""
+    import json, yaml
+    from normfuse import compile_only
+    compile_only.install(90)
+    from normfuse.techniques import fna_llm as T
+    from kernels_helion import fna_llm as K
+    out = []
+    for c in yaml.safe_load(open("configs/tiling/fna_llm_h200.yaml"))["helion"]:
+        c = dict(c); name = c.pop("name")
+        for op in ("qknorm_attention", "attention"):
+            for causal in (True, False):
+                r = K.compile_sm90(op, *T.compile_inputs(1000, 2, 32, "bf16"), config=c, causal=causal,
+                                   o_norm=not causal)
+                out.append(dict(name=name, op=op, wgmma=r["ptx_markers"]["wgmma"], smem_ok=r["smem_ok"]))
+    print(json.dumps(out))
+    """
+    out = run_python_json(code, timeout=900)
+    assert len(out) == 3 * 4
+    for r in out:
+        assert r["wgmma"] > 0 and r["smem_ok"], r
+
+
+def test_bad_inputs_and_configs():
+    q, k, v, qw, kw = _inputs(S=8, D=16)
+    with pytest.raises(TypeError, match="causal"):
+        km.attention(q, k, v, causal="yes")
+    with pytest.raises(ValueError, match="q_weight and k_weight"):
+        km.qknorm_attention(q, k, v, qw, None, causal=True)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        km.attention(q[:, :3].contiguous(), k, v, causal=True)
+    with pytest.raises(ValueError, match="powers of two"):
+        km.TilingConfig(block_sizes=(128, 48))
+    with pytest.raises(ValueError, match="num_warps"):
+        km.TilingConfig(num_warps=3)
+    if not IN_REF_MODE:
+        with pytest.raises(ValueError, match="CUDA"):
+            km.qknorm_attention(q, k, v, qw, kw, causal=True)
