@@ -40,6 +40,7 @@ Normalization" (FlashNormAttention). Code written for this repo.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -267,7 +268,8 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
                  causal: bool = True, o_norm: bool = False) -> dict:
     """Compile ``op`` ('qknorm_attention' / 'attention') for sm_90a without a GPU (needs
     ``normfuse.compile_only.install(90)``; CPU tensors, never read). Returns ``normfuse.compile_only.summarize``
-    (ptx_markers: wgmma, tma_load, mbarrier, setmaxnreg, ...)."""
+    (ptx_markers: wgmma, tma_load, mbarrier, setmaxnreg, ...) plus ``pingpong_barriers`` (``bar.sync`` /
+    ``bar.arrive`` on named barriers 9 / 10), ``tensormap_create`` (device-side descriptors) and ``grid``."""
     from normfuse.compile_only import summarize
 
     if op not in ("qknorm_attention", "attention"):
@@ -279,7 +281,13 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
         k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
     ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
     _, args, grid, kw = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, need_cuda=False)
-    return summarize(_fna_llm_ws_kernel.warmup(*args, grid=grid, **kw))
+    compiled = _fna_llm_ws_kernel.warmup(*args, grid=grid, **kw)
+    ptx = compiled.asm["ptx"]
+    out = summarize(compiled)
+    out["pingpong_barriers"] = len(re.findall(r"\bbar\.(?:sync|arrive)\s+(?:9|10),", ptx))  # named barriers 9 / 10
+    out["tensormap_create"] = "tensormap.replace" in ptx  # device-side TMA descriptors
+    out["grid"] = grid
+    return out
 
 
 if __name__ == "__main__":  # GPU self-check: every shipped config at a few odd shapes
