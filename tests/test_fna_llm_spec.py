@@ -135,3 +135,20 @@ def test_metrics_pass_the_variant_to_flops():
     assert frac[("causal", "fused")] == pytest.approx(1 / 1.1)
     assert df.set_index(["variant", "impl"])["speedup_vs_unfused"][("causal", "fused")] == pytest.approx(1.25 / 1.1)
     assert "fused" in T.summary_table(df)
+
+
+def test_check_subset_at_large_shapes(monkeypatch):
+    """Above CHECK_FULL_MAX the check compares a (batch, head) subset with its own KV heads, and still fails on
+    a wrong head inside the subset or a NaN anywhere."""
+    inp = T.make_inputs(24, 4, 8, dtype="fp16", kv_heads=2, head_dim=16, o_norm=True, seed=3)
+    good = T.baseline("sdpa_plus_norms", inp, 1e-6, "causal")()
+    assert T.check_subset(4, 8, 24) is None and T.check("fused", good, inp, 1e-6, "causal")["ok"]
+    monkeypatch.setattr(T, "CHECK_FULL_MAX", 100)
+    assert T.check_subset(4, 8, 24) == ([0, 2, 3], [0, 1, 4, 7])
+    assert T.check("fused", good, inp, 1e-6, "causal")["ok"]
+    wrong = good.clone()
+    wrong[2, 4] = good[2, 5]  # head 4 (in the subset, KV head 1) replaced by head 5
+    assert not T.check("fused", wrong, inp, 1e-6, "causal")["ok"]
+    nan = good.clone()
+    nan[1, 2, 0, 0] = float("nan")  # outside the subset
+    assert not T.check("fused", nan, inp, 1e-6, "causal")["ok"]
