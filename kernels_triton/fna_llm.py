@@ -12,6 +12,8 @@ Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), 
   QK-norm attention that is correct on the H200 at ``num_stages=3``; dsl-primer blocker 1 (a raw loaded tile that
   feeds both a dot and a reduction, miscompiled by the pipeliner) is not this pattern, but the GPU check
   (``normfuse.gpu_checks``) verifies every shipped config;
+* loads: masked pointer loads, or (``TilingConfig.TMA``) device-side TMA descriptors ``[S, D]`` per (batch,
+  head), whose out-of-range rows read as zeros;
 * the KV loop is split in two: full blocks below the diagonal (causal) or below ``S // BLOCK_N * BLOCK_N`` are
   processed without masks, the rest with the causal / sequence-end mask (FlashAttention tutorial's two stages);
 * epilogue: ``acc / l``, optional output RMSNorm with ``o_weight`` in fp32, masked store.
@@ -60,12 +62,15 @@ if _interpreting():
 
 @dataclass(frozen=True)
 class TilingConfig(TilingConfigBase):
-    """``BLOCK_M`` query rows x ``BLOCK_N`` keys per step (powers of 2, 16..256), ``num_warps``, ``num_stages``."""
+    """``BLOCK_M`` query rows x ``BLOCK_N`` keys per step (powers of 2, 16..256), ``num_warps``, ``num_stages``;
+    ``TMA``: load Q/K/V through device-side tensor descriptors per (batch, head) (Hopper TMA, zero fill past S)
+    instead of masked pointer loads."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 64
     num_warps: int = 8
     num_stages: int = 2
+    TMA: bool = False
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N"):
@@ -76,17 +81,21 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 6:
             raise ValueError(f"num_stages must be in 1..6, got {self.num_stages!r}")
+        if not isinstance(self.TMA, bool):
+            raise ValueError(f"TMA must be a bool, got {self.TMA!r}")
 
 
 @triton.jit
-def _kv_steps(acc, l_i, m_i, q, k_base, v_base, kw, offs_m, offs_d, S, eps, qk_scale, lo, hi,
+def _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, offs_m, offs_d, S, eps, qk_scale, lo, hi,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr,
-              NORM_QK: tl.constexpr, PRECISION: tl.constexpr):
+              NORM_QK: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
     """KV blocks [lo, hi): normalize K (if NORM_QK), S = q kᵀ, online softmax, acc += p v."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_off = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-        if MASK:
+        if TMA:  # rows past S read as zeros (the descriptor is [S, D] of this (batch, KV head))
+            k = desc_k.load([start_n, 0])
+        elif MASK:
             k = tl.load(k_base + kv_off, mask=offs_n[:, None] < S, other=0.0)
         else:
             k = tl.load(k_base + kv_off)
@@ -105,7 +114,9 @@ def _kv_steps(acc, l_i, m_i, q, k_base, v_base, kw, offs_m, offs_d, S, eps, qk_s
         alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if MASK:
+        if TMA:
+            v = desc_v.load([start_n, 0])
+        elif MASK:
             v = tl.load(v_base + kv_off, mask=offs_n[:, None] < S, other=0.0)
         else:
             v = tl.load(v_base + kv_off)
@@ -117,7 +128,7 @@ def _kv_steps(acc, l_i, m_i, q, k_base, v_base, kw, offs_m, offs_d, S, eps, qk_s
 @triton.jit
 def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                 NORM_QK: tl.constexpr, NORM_O: tl.constexpr, PRECISION: tl.constexpr):
+                 NORM_QK: tl.constexpr, NORM_O: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // HQ
@@ -130,7 +141,18 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(q_base + q_off, mask=offs_m[:, None] < S, other=0.0)
+    if TMA:  # device-side descriptors per (batch, head): [S, D], out-of-range rows read as zeros
+        desc_k = tl.make_tensor_descriptor(k_base, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
+        desc_v = tl.make_tensor_descriptor(v_base, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
+        desc_q = tl.make_tensor_descriptor(q_base, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                           block_shape=[BLOCK_M, HEAD_DIM])
+        q = desc_q.load([pid_m * BLOCK_M, 0])
+    else:
+        desc_k = k_base  # unused
+        desc_v = v_base
+        q = tl.load(q_base + q_off, mask=offs_m[:, None] < S, other=0.0)
     qf = q.to(tl.float32)
     if NORM_QK:  # once per Q tile
         qw = tl.load(QW + offs_d).to(tl.float32)
@@ -153,10 +175,10 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
     else:
         hi = S
         mid = full_end
-    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, kw, offs_m, offs_d, S, eps, qk_scale, 0, mid,
-                              HEAD_DIM, BLOCK_N, CAUSAL, False, NORM_QK, PRECISION)
-    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, kw, offs_m, offs_d, S, eps, qk_scale, mid, hi,
-                              HEAD_DIM, BLOCK_N, CAUSAL, True, NORM_QK, PRECISION)
+    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, offs_m, offs_d, S, eps, qk_scale, 0, mid,
+                              HEAD_DIM, BLOCK_N, CAUSAL, False, NORM_QK, PRECISION, TMA)
+    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, offs_m, offs_d, S, eps, qk_scale, mid, hi,
+                              HEAD_DIM, BLOCK_N, CAUSAL, True, NORM_QK, PRECISION, TMA)
     acc = acc / l_i[:, None]
     if NORM_O:
         ow = tl.load(OW + offs_d).to(tl.float32)
@@ -181,8 +203,14 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal, NORM_QK=norms,
               NORM_O=o_weight is not None, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+              TMA=cfg.TMA, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.TMA and launch:
+        triton.set_allocator(_alloc_fn)  # scratch for the device-side descriptors
     return o, args, grid, kw
+
+
+def _alloc_fn(size: int, align: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cpu" if _interpreting() else "cuda")
 
 
 def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,

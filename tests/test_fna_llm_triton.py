@@ -27,6 +27,8 @@ CASES = [  # S, B, Hq, Hkv, D, config
     (70, 1, 3, 1, 32, {"BLOCK_M": 16, "BLOCK_N": 32}),
     (1, 2, 2, 1, 16, {"BLOCK_M": 16, "BLOCK_N": 16}),
     (64, 1, 2, 2, 64, {"BLOCK_M": 32, "BLOCK_N": 32}),
+    (70, 2, 4, 2, 32, {"BLOCK_M": 32, "BLOCK_N": 16, "TMA": True}),
+    (1, 1, 3, 1, 16, {"BLOCK_M": 16, "BLOCK_N": 32, "TMA": True}),
 ]
 rows = []
 for dtype in ("fp16", "fp32"):
@@ -48,7 +50,7 @@ nan = []
 for variant in T.VARIANTS:
     for impl in T.IMPLS:
         inp = T.make_inputs(45, 3, 2, dtype="fp32", kv_heads=1, head_dim=16, seed=9)
-        cfg = {"BLOCK_M": 16, "BLOCK_N": 16}
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "TMA": impl == "fused"}
         clean = run(impl, inp, variant, cfg)
         bad = dict(inp, q=inp["q"].clone(), k=inp["k"].clone(), v=inp["v"].clone())
         bad["q"][1, 0, 0, 3] = float("nan")
@@ -69,7 +71,7 @@ def interp():
 def test_interpreter_matches_reference(interp):
     bad = [r for r in interp["rows"] if not (r["ok"] and r["shape_ok"])]
     assert not bad, bad
-    assert len(interp["rows"]) == 2 * 4 * (2 * 2 + 2)
+    assert len(interp["rows"]) == 2 * 6 * (2 * 2 + 2)
 
 
 def test_interpreter_fp32_is_tight(interp):
@@ -121,16 +123,17 @@ for c in cfgs:
         for causal in (True, False):
             r = K.compile_sm90(op, *T.compile_inputs(1000, 2, 32, "bf16"), config=c, causal=causal, o_norm=causal)
             out.append(dict(name=name, op=op, causal=causal, wgmma=r["ptx_markers"]["wgmma"], smem_ok=r["smem_ok"],
-                            num_warps=r["num_warps"]))
+                            num_warps=r["num_warps"], tma=r["ptx_markers"]["tma_load"], want_tma=c.get("TMA", False)))
 print(json.dumps(out))
 """
 
 
 def test_shipped_configs_compile_for_sm90_with_wgmma():
     out = run_python_json(_COMPILE, timeout=600)
-    assert len(out) == 3 * 4
+    assert len(out) == 4 * 4
     for r in out:
         assert r["wgmma"] > 0 and r["smem_ok"], r
+        assert (r["tma"] > 0) == r["want_tma"], r
 
 
 def test_compile_sm90_rejects_unknown_op():
