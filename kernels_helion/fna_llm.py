@@ -18,7 +18,9 @@ to compile for sm_90, dsl-primer blocker 4.)
 What Helion could not express: the split of the KV loop into an unmasked part and a masked diagonal part
 (FlashAttention's two stages; the mask is applied on every block, a few % of ALU work); warp specialization /
 ping-pong scheduling of the two softmax halves (Helion generates plain Triton); a K normalization shared by
-the Q tiles (each Q tile renormalizes the K tiles it streams, as in the Triton kernel).
+the Q tiles (each Q tile renormalizes the K tiles it streams, as in the Triton kernel); TMA loads of the K/V
+tiles (with ``indexing="tensor_descriptor"`` Helion 1.5 turns only the Q load into a TMA load, the loads of the
+KV loop, bounded by the Q tile, stay pointer loads; so the configs use pointer indexing).
 
 Numerics: fp32 statistics, softmax state and accumulator; one program per (batch x head, Q tile), masked key
 columns get ``-inf`` and their V rows are zeroed, so a NaN/Inf in one batch element cannot reach another.
