@@ -20,6 +20,8 @@ def main(cfg: DictConfig) -> None:
         run(OmegaConf.to_container(cfg, resolve=True))
     except ValueError as e:  # a bad config: say what is wrong, without a traceback
         raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt:  # the points already measured are on disk; the same run_id resumes after them
+        raise SystemExit("interrupted: rerun with the same run_id=... to resume") from None
 
 
 if __name__ == "__main__":
