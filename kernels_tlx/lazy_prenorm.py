@@ -95,10 +95,8 @@ Sources:
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 import torch
 import triton
@@ -118,6 +116,30 @@ LN_OP = "lazy_layernorm_matmul"
 ALL_OPS = OPS + (LN_OP,)
 _PRODUCER_WARPS = 4  # the "default" task (TMA producer) uses the kernel's num_warps
 _MIN_PRODUCER_REGS = 24  # setmaxnreg lower bound
+
+
+def ws_stage_errors(BLOCK_K: int, NUM_STAGES: int) -> list[str]:
+    """Limits of the K step and of the TMA/mbarrier ring shared by the warp-specialized TMA + wgmma kernels here,
+    in ``kernels_tlx.naive_fusion`` and in ``kernels_tlx.multi_cta``; one message per violated limit."""
+    errors = []
+    if not 16 <= BLOCK_K <= 128:
+        errors.append(f"BLOCK_K={BLOCK_K} must be in [16, 128]")
+    if not 2 <= NUM_STAGES <= 8:
+        errors.append(f"NUM_STAGES={NUM_STAGES} must be in [2, 8] (async_dot_wait(1) holds 2 stages)")
+    return errors
+
+
+def consumer_register_errors(NUM_CONSUMERS: int, CONSUMER_REGS: int) -> list[str]:
+    """``setmaxnreg`` limits of the consumer warpgroups and the register file they share with the 4-warp producer
+    (for 1 or 2 consumers; other counts are rejected by the caller); one message per violated limit."""
+    if CONSUMER_REGS % 8 or not 24 <= CONSUMER_REGS <= 256:
+        return [f"CONSUMER_REGS={CONSUMER_REGS} must be a multiple of 8 in [24, 256] (setmaxnreg)"]
+    if NUM_CONSUMERS in (1, 2):
+        used = NUM_CONSUMERS * 128 * CONSUMER_REGS + _PRODUCER_WARPS * 32 * _MIN_PRODUCER_REGS
+        if used > REGISTER_FILE:
+            return [f"register file: {NUM_CONSUMERS} consumers x 128 threads x {CONSUMER_REGS} "
+                    f"regs + producer minimum = {used} > {REGISTER_FILE}"]
+    return []
 
 
 def _is_pow2(v: int) -> bool:
@@ -171,14 +193,7 @@ class TilingConfig(TilingConfigBase):
     LN_EPILOGUE_MMA: bool = True
 
     def __post_init__(self):
-        errors = []
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.type in (bool, "bool"):
-                if not isinstance(v, bool):
-                    errors.append(f"{f.name} must be a bool, got {v!r}")
-            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                errors.append(f"{f.name} must be a positive integer, got {v!r}")
+        errors = self.field_type_errors()
         if errors:
             raise ValueError("invalid TilingConfig: " + "; ".join(errors))
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "NUM_CONSUMERS"):
@@ -193,21 +208,12 @@ class TilingConfig(TilingConfigBase):
                           "(one m64 wgmma row slice per consumer warpgroup)")
         if not 32 <= self.BLOCK_N <= 256:
             errors.append(f"BLOCK_N={self.BLOCK_N} must be in [32, 256] (wgmma N and TMA box limits)")
-        if not 16 <= self.BLOCK_K <= 128:
-            errors.append(f"BLOCK_K={self.BLOCK_K} must be in [16, 128]")
-        if not 2 <= self.NUM_STAGES <= 8:
-            errors.append(f"NUM_STAGES={self.NUM_STAGES} must be in [2, 8] (async_dot_wait(1) holds 2 stages)")
-        if self.CONSUMER_REGS % 8 or not 24 <= self.CONSUMER_REGS <= 256:
-            errors.append(f"CONSUMER_REGS={self.CONSUMER_REGS} must be a multiple of 8 in [24, 256] (setmaxnreg)")
-        elif self.NUM_CONSUMERS in (1, 2):
-            used = self.NUM_CONSUMERS * 128 * self.CONSUMER_REGS + _PRODUCER_WARPS * 32 * _MIN_PRODUCER_REGS
-            if used > REGISTER_FILE:
-                errors.append(f"register file: {self.NUM_CONSUMERS} consumers x 128 threads x {self.CONSUMER_REGS} "
-                              f"regs + producer minimum = {used} > {REGISTER_FILE}")
-            if not errors and self.acc_regs_per_thread + 64 > self.CONSUMER_REGS:
-                errors.append(f"accumulator registers: {self.rows_per_consumer}x{self.BLOCK_N} fp32 per warpgroup = "
-                              f"{self.acc_regs_per_thread} regs/thread, needs CONSUMER_REGS >= "
-                              f"{self.acc_regs_per_thread + 64} (64 for addresses, the A slice and the norm)")
+        errors += ws_stage_errors(self.BLOCK_K, self.NUM_STAGES)
+        errors += consumer_register_errors(self.NUM_CONSUMERS, self.CONSUMER_REGS)
+        if not errors and self.acc_regs_per_thread + 64 > self.CONSUMER_REGS:
+            errors.append(f"accumulator registers: {self.rows_per_consumer}x{self.BLOCK_N} fp32 per warpgroup = "
+                          f"{self.acc_regs_per_thread} regs/thread, needs CONSUMER_REGS >= "
+                          f"{self.acc_regs_per_thread + 64} (64 for addresses, the A slice and the norm)")
         if self.REUSE_RSTD and not self.PERSISTENT:
             errors.append("REUSE_RSTD=True needs PERSISTENT=True (rstd is reused across the N-tiles one CTA walks)")
         if not errors and self.smem_bytes() > SMEM_LIMIT_BYTES:

@@ -99,7 +99,6 @@ formulae and a pairwise algorithm for computing sample variances" (1979). The co
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -113,8 +112,7 @@ from kernels_tlx import lazy_prenorm as _lp
 from normfuse.techniques import multi_cta as _spec
 from normfuse.tiling import TilingConfigBase
 
-SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
-REGISTER_FILE = 65536
+SMEM_LIMIT_BYTES = _lp.SMEM_LIMIT_BYTES
 H200_NUM_SMS = 132
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 8 = Hopper's portable limit; 16 needs the non-portable attribute (set here)
@@ -122,8 +120,7 @@ MAX_BLOCK_N = 256  # wgmma N / TMA box / register accumulator
 MIN_BLOCK_N = 32
 OPS = ("matmul_rmsnorm", "matmul_layernorm", "matmul")
 _NORM_OF_OP = {"matmul_rmsnorm": "rms", "matmul_layernorm": "layer"}
-_PRODUCER_WARPS = 4
-_MIN_PRODUCER_REGS = 24
+_PRODUCER_WARPS = _lp._PRODUCER_WARPS
 _NUM_DSMEM_BUFFERS = 2  # double-buffered exchange slots (see the module docstring: sufficient for WAR)
 
 # The plain GEMM of this DSL (the 'gemm' impl): the Lazy Pre-Norm module's warp-specialized TMA + wgmma GEMM
@@ -171,16 +168,7 @@ class TilingConfig(TilingConfigBase):
     CONSUMER_REGS: int = 232
 
     def __post_init__(self):
-        errors = []
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name == "BLOCK_N" and v is None:
-                continue
-            if f.type in (bool, "bool"):
-                if not isinstance(v, bool):
-                    errors.append(f"{f.name} must be a bool, got {v!r}")
-            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                errors.append(f"{f.name} must be a positive integer, got {v!r}")
+        errors = self.field_type_errors(optional=("BLOCK_N",))
         if errors:
             raise ValueError("invalid TilingConfig: " + "; ".join(errors))
         for name in ("BLOCK_M", "BLOCK_K", "NUM_CONSUMERS") + (("BLOCK_N",) if self.BLOCK_N is not None else ()):
@@ -197,17 +185,8 @@ class TilingConfig(TilingConfigBase):
         if self.BLOCK_N is not None and not MIN_BLOCK_N <= self.BLOCK_N <= MAX_BLOCK_N:
             errors.append(f"BLOCK_N={self.BLOCK_N} must be in [{MIN_BLOCK_N}, {MAX_BLOCK_N}] "
                           "(wgmma N, TMA box and register-accumulator limits)")
-        if not 16 <= self.BLOCK_K <= 128:
-            errors.append(f"BLOCK_K={self.BLOCK_K} must be in [16, 128]")
-        if not 2 <= self.NUM_STAGES <= 8:
-            errors.append(f"NUM_STAGES={self.NUM_STAGES} must be in [2, 8] (async_dot_wait(1) holds 2 stages)")
-        if self.CONSUMER_REGS % 8 or not 24 <= self.CONSUMER_REGS <= 256:
-            errors.append(f"CONSUMER_REGS={self.CONSUMER_REGS} must be a multiple of 8 in [24, 256] (setmaxnreg)")
-        elif self.NUM_CONSUMERS in (1, 2):
-            used = self.NUM_CONSUMERS * 128 * self.CONSUMER_REGS + _PRODUCER_WARPS * 32 * _MIN_PRODUCER_REGS
-            if used > REGISTER_FILE:
-                errors.append(f"register file: {self.NUM_CONSUMERS} consumers x 128 threads x {self.CONSUMER_REGS} "
-                              f"regs + producer minimum = {used} > {REGISTER_FILE}")
+        errors += _lp.ws_stage_errors(self.BLOCK_K, self.NUM_STAGES)
+        errors += _lp.consumer_register_errors(self.NUM_CONSUMERS, self.CONSUMER_REGS)
         if self.MULTICAST_A:
             if self.CLUSTER_SIZE == 1:
                 errors.append("MULTICAST_A=True needs CLUSTER_SIZE >= 2 (there is no peer to share A with)")

@@ -113,8 +113,7 @@ from kernels_tlx import lazy_prenorm as _lp
 from normfuse.techniques import lazy_prenorm as _lp_spec
 from normfuse.tiling import TilingConfigBase
 
-SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
-REGISTER_FILE = 65536  # 32-bit registers per SM (and per CTA at most)
+SMEM_LIMIT_BYTES, REGISTER_FILE = _lp.SMEM_LIMIT_BYTES, _lp.REGISTER_FILE  # 227 KB opt-in smem, 64 K registers
 H200_NUM_SMS = 132  # persistent grid when compiling without a GPU
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 OPS = ("matmul_layernorm", "matmul_rmsnorm", "matmul")
@@ -126,7 +125,7 @@ MIN_WG_N = 32  # TLX async_dot: wgmma N >= 32
 # for 120 made the compiler drop setmaxnreg altogether (96 registers for everyone, spills).
 CONSUMER_REGS = {1: 240, 2: 232, 3: 152, 4: 112}
 REG_HEADROOM = 48  # registers per consumer thread beyond the accumulator (addresses, statistics, output)
-_PRODUCER_WARPS = 4
+_PRODUCER_WARPS = _lp._PRODUCER_WARPS
 _NAMED_BAR_BASE = tl.constexpr(8)  # hardware named barriers 8, 9 (one per row group); 0-6 belong to the compiler
 _NORM_CODE = {"none": 0, "rmsnorm": 1, "layernorm": 2}
 
@@ -191,14 +190,7 @@ class TilingConfig(TilingConfigBase):
     PERSISTENT: bool = True
 
     def __post_init__(self):
-        errors = []
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.type in (bool, "bool"):
-                if not isinstance(v, bool):
-                    errors.append(f"{f.name} must be a bool, got {v!r}")
-            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                errors.append(f"{f.name} must be a positive integer, got {v!r}")
+        errors = self.field_type_errors()
         if errors:
             raise ValueError("invalid TilingConfig: " + "; ".join(errors))
         for name in ("BLOCK_M", "WG_BLOCK_N", "BLOCK_K"):
@@ -208,10 +200,7 @@ class TilingConfig(TilingConfigBase):
             errors.append(f"BLOCK_M={self.BLOCK_M} must be 64 or 128 (1 or 2 row groups of one m64 wgmma)")
         if not MIN_WG_N <= self.WG_BLOCK_N <= 256:
             errors.append(f"WG_BLOCK_N={self.WG_BLOCK_N} must be in [{MIN_WG_N}, 256] (wgmma N and TMA box limits)")
-        if not 16 <= self.BLOCK_K <= 128:
-            errors.append(f"BLOCK_K={self.BLOCK_K} must be in [16, 128]")
-        if not 2 <= self.NUM_STAGES <= 8:
-            errors.append(f"NUM_STAGES={self.NUM_STAGES} must be in [2, 8] (async_dot_wait(1) holds 2 stages)")
+        errors += _lp.ws_stage_errors(self.BLOCK_K, self.NUM_STAGES)
         if errors:
             raise ValueError("invalid TilingConfig: " + "; ".join(errors))
 

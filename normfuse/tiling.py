@@ -38,6 +38,21 @@ class TilingConfigBase:
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
 
+    def field_type_errors(self, optional: tuple[str, ...] = ()) -> list[str]:
+        """Type errors of the fields: a ``bool`` field must hold a bool, every other field a positive int (a name in
+        ``optional`` may also be None). One message per bad field, in declaration order."""
+        errors = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in optional and v is None:
+                continue
+            if f.type in (bool, "bool"):
+                if not isinstance(v, bool):
+                    errors.append(f"{f.name} must be a bool, got {v!r}")
+            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                errors.append(f"{f.name} must be a positive integer, got {v!r}")
+        return errors
+
     @classmethod
     def fields(cls) -> tuple[str, ...]:
         """Names of the accepted keys, in declaration order."""
