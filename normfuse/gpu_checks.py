@@ -232,3 +232,38 @@ def check_fna_llm_nan_isolation(dsl: str, S: int = 300, B: int = 3, H: int = 4, 
                 except Exception as e:  # noqa: BLE001
                     failures.append(f"{dsl}/fna_llm/{variant}/{impl}/{name}: {type(e).__name__}: {e}")
     return failures
+
+
+def check_multi_cta_determinism(dsl: str, shapes=((4096, 1000, 520), (300, 2000, 264)), repeats: int = 3,
+                                eps: float = 1e-5) -> list[str]:
+    """Multi-CTA norm fusion, every shipped fused config of ``dsl``, both variants, with affine: ``repeats`` calls on
+    the same inputs must give bitwise-identical y, mean and rstd (the cross-CTA exchange sums partials in a fixed
+    order, never in arrival order). Returns failure descriptions (empty when all pass)."""
+    import torch
+
+    from normfuse import registry
+    from normfuse.techniques import multi_cta
+
+    failures = []
+    for cfg in shipped_configs(dsl, "multi_cta"):
+        cfg = dict(cfg)
+        name = cfg.pop("name", "?")
+        if "fused" not in (cfg.pop("impls", None) or ["fused"]) or cfg.pop("known_incorrect", False):
+            continue
+        for variant in multi_cta.VARIANTS:
+            fn = registry.kernel_function(dsl, "multi_cta", "fused", variant)
+            for M, N, K in shapes:
+                try:
+                    inputs = multi_cta.make_inputs(M, N, K, dtype="bf16", device="cuda", seed=M + N, affine=True)
+                    call = multi_cta.kernel_call(fn, "fused", inputs, eps, cfg, variant)
+                    first = [t.clone() for t in call()]
+                    for _ in range(repeats - 1):
+                        if not all(torch.equal(a, b) for a, b in zip(first, call())):
+                            failures.append(f"{dsl}/multi_cta/{variant}/{name} at M={M} N={N} K={K}: not bitwise "
+                                            "identical on a repeated call")
+                            break
+                except ValueError:  # the config does not serve this shape by design
+                    continue
+                except Exception as e:  # noqa: BLE001
+                    failures.append(f"{dsl}/multi_cta/{variant}/{name} at M={M} N={N} K={K}: {type(e).__name__}: {e}")
+    return failures

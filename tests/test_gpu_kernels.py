@@ -42,3 +42,13 @@ def test_fna_llm_nan_isolation(dsl):
 
     failures = check_fna_llm_nan_isolation(dsl)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dsl", ["triton", "helion"])
+def test_multi_cta_deterministic(dsl):
+    """Multi-CTA norm fusion: repeated calls give bitwise-identical outputs (every shipped fused config)."""
+    from normfuse.gpu_checks import check_multi_cta_determinism
+
+    failures = check_multi_cta_determinism(dsl)
+    assert not failures, "\n".join(failures)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One GPU session on the offline H200 host, as used for the committed results (see README "Reproducing").
 # Runs, in order, within a wall-clock budget:
-#   1. TLX self-checks (python -m kernels_tlx.<module> --quick --no-bench) as a guard: a TLX config that fails
+#   1. TLX self-checks (python -m kernels_tlx.<module> --quick --no-bench, concurrently) as a guard: a TLX config that fails
 #      or hangs there is removed from the tiling file of this working copy before the sweeps (and reported);
 #   2. the sweeps `experiment=<name> run_id=<id>` (resumable: rerunning with the same run_id continues);
-#   3. the GPU tests (`make test-gpu`, optionally filtered with -k).
+#   3. the GPU tests (`make test-gpu`, optionally filtered with -k; TESTS_FIRST=1: beside step 1 instead).
 # Usage (from the repo root on the GPU host, after `source .gpubundle/env.sh`):
 #   TLX_CHECKS="norms" SWEEPS="norms_roofline:20261130_h200" SWEEP_ARGS="shape.grid.M=[262144]" \
 #   TEST_K="norms" OUT=/tmp/out bash tools/device_run.sh
@@ -20,11 +20,24 @@ export PYTHONUNBUFFERED=1
 TLX_PY=(env "PYTHONPATH=$GPUBUNDLE_FBTRITON:$GPUBUNDLE_SITE" python3)
 nvidia-smi --query-gpu=name,power.limit,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$OUT/nvidia_smi.csv" 2>&1
 
+run_tests() {
+  local kk=""; [ -n "${TEST_K:-}" ] && kk="-k '${TEST_K}'"   # expanded here: make would re-expand a literal \$
+  timeout -s INT "${TEST_BUDGET_S:-200}" make -k test-gpu PYTEST_ARGS="-q --timeout 180 -p no:logging $kk" \
+    > "$OUT/test_gpu.log" 2>&1
+  echo "test-gpu rc=$?" | tee -a "$OUT/guard.log"
+}
+
+# the TLX self-checks run concurrently (compilation is CPU-bound; correctness only, nothing is timed); with
+# TESTS_FIRST=1 the GPU tests run beside them too, before the sweeps instead of after
 for mod in ${TLX_CHECKS:-}; do
-  log="$OUT/tlx_${mod}_check.log"
-  timeout -s INT "${TLX_CHECK_BUDGET_S:-150}" "${TLX_PY[@]}" -m "kernels_tlx.$mod" --quick --no-bench > "$log" 2>&1
-  rc=$?
-  tiling="configs/tiling/${mod}_h200.yaml"
+  ( timeout -s INT "${TLX_CHECK_BUDGET_S:-150}" "${TLX_PY[@]}" -m "kernels_tlx.$mod" --quick --no-bench \
+      > "$OUT/tlx_${mod}_check.log" 2>&1; echo $? > "$OUT/tlx_${mod}_check.rc" ) &
+done
+[ "${TESTS_FIRST:-0}" = 1 ] && [ "${TEST_K:-}" != "skip" ] && run_tests &
+wait
+for mod in ${TLX_CHECKS:-}; do
+  log="$OUT/tlx_${mod}_check.log"; rc=$(cat "$OUT/tlx_${mod}_check.rc" 2>/dev/null)
+  tiling="${TILING_DIR:-configs/tiling}/${mod}_h200.yaml"
   # config names that failed (lines "FAIL" / the summary "N FAILURE(S): name ...") or hung ([run ] without result)
   bad=$(grep -E '^\[(run |nan |big )\] ' "$log" | grep -v -E ' ok( |$)' | awk '{print $3}' | sort -u)
   for name in $bad; do
@@ -45,11 +58,6 @@ for s in ${SWEEPS:-}; do
   tar czf "$OUT/run_${exp}.tgz" --exclude=logs "results/$exp/$rid" 2>/dev/null
 done
 
-if [ "${TEST_K:-}" != "skip" ]; then
-  kk=""; [ -n "${TEST_K:-}" ] && kk="-k '${TEST_K}'"   # expanded here: make would re-expand a literal \$
-  timeout -s INT "${TEST_BUDGET_S:-200}" make -k test-gpu PYTEST_ARGS="-q --timeout 180 -p no:logging $kk" \
-    > "$OUT/test_gpu.log" 2>&1
-  echo "test-gpu rc=$?" | tee -a "$OUT/guard.log"
-fi
+[ "${TESTS_FIRST:-0}" != 1 ] && [ "${TEST_K:-}" != "skip" ] && run_tests
 tail -n 5 "$OUT"/sweep_*.log 2>/dev/null
 grep -E "passed|failed|error" "$OUT/test_gpu.log" 2>/dev/null | tail -4
