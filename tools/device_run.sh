@@ -7,13 +7,18 @@
 #   3. the GPU tests (`make test-gpu`, optionally filtered with -k; TESTS_FIRST=1: beside step 1 instead).
 # Usage (from the repo root on the GPU host, after `source .gpubundle/env.sh`):
 #   TLX_CHECKS="norms" SWEEPS="norms_roofline:20261130_h200" SWEEP_ARGS="shape.grid.M=[262144]" \
-#   TEST_K="norms" OUT=/tmp/out bash tools/device_run.sh
+#   TEST_K="norms" OUT=/tmp/out bash tools/device_run.sh      (results: /tmp/out/run_<exp>.tgz, /tmp/out/logs.tgz)
 # Environment: OUT (output folder, required), TLX_CHECKS (space-separated kernels_tlx modules), SWEEPS
 # (space-separated experiment:run_id), SWEEP_ARGS (extra Hydra overrides), SWEEP_BUDGET_S (seconds for all sweeps),
 # TEST_K (pytest -k filter; "skip" skips the tests), TEST_BUDGET_S, TILING_FILES (tiling yaml per TLX check module,
 # default configs/tiling/<module>_h200.yaml).
 set -uo pipefail
 : "${OUT:?set OUT}"
+# everything but the result archives goes to $OUT/logs, packed into $OUT/logs.tgz after each step (a device call
+# returns at most 8 files); GPU=<index> pins this instance to one GPU (two instances on a 2-GPU host run side by side)
+RES="$OUT"; OUT="$OUT/logs"; mkdir -p "$OUT"
+pack() { tar czf "$RES/logs.tgz" -C "$RES" logs 2>/dev/null; }
+[ -n "${GPU:-}" ] && export CUDA_VISIBLE_DEVICES="$GPU"
 export PYTHONUNBUFFERED=1
 # the commit measured (written by `git rev-parse --short=12 HEAD > .normfuse_git_sha` before the copy)
 [ -s .normfuse_git_sha ] && export NORMFUSE_GIT_SHA="$(cat .normfuse_git_sha)"
@@ -24,7 +29,7 @@ run_tests() {
   local kk=""; [ -n "${TEST_K:-}" ] && kk="-k '${TEST_K}'"   # expanded here: make would re-expand a literal \$
   timeout -s INT "${TEST_BUDGET_S:-200}" make -k test-gpu PYTEST_ARGS="-q --timeout 180 -p no:logging $kk" \
     > "$OUT/test_gpu.log" 2>&1
-  echo "test-gpu rc=$?" | tee -a "$OUT/guard.log"
+  echo "test-gpu rc=$?" | tee -a "$OUT/guard.log"; pack
 }
 
 # the TLX self-checks run concurrently (compilation is CPU-bound; correctness only, nothing is timed); with
@@ -46,6 +51,7 @@ for mod in ${TLX_CHECKS:-}; do
   done
   echo "tlx self-check $mod rc=$rc" | tee -a "$OUT/guard.log"
 done
+pack
 
 start=$(date +%s)
 for s in ${SWEEPS:-}; do
@@ -55,9 +61,10 @@ for s in ${SWEEPS:-}; do
   timeout -s INT "$left" make run ARGS="experiment=$exp run_id=$rid point_timeout_s=${POINT_TIMEOUT_S:-120} ${SWEEP_ARGS:-}" \
     > "$OUT/sweep_${exp}.log" 2>&1
   echo "sweep $exp rc=$?" | tee -a "$OUT/guard.log"
-  tar czf "$OUT/run_${exp}.tgz" --exclude=logs "results/$exp/$rid" 2>/dev/null
+  tar czf "$RES/run_${exp}.tgz" --exclude=logs "results/$exp/$rid" 2>/dev/null; pack
 done
 
 [ "${TESTS_FIRST:-0}" != 1 ] && [ "${TEST_K:-}" != "skip" ] && run_tests
 tail -n 5 "$OUT"/sweep_*.log 2>/dev/null
 grep -E "passed|failed|error" "$OUT/test_gpu.log" 2>/dev/null | tail -4
+pack
