@@ -4,6 +4,8 @@
   blog's chart, with the blog's B200 values as the last panel;
 * ``hidden_bars``: the DSLs side by side per (K, N), the blog's B200 value marked;
 * ``check_heatmap`` (CPU mode): the correctness check per DSL (error / tolerance); no timings;
+* ``tflops_bars``: attention throughput, one group per (variant, shape): the torch baselines and per DSL its
+  attention without norms next to its fused kernel (fna_llm);
 * ``cluster_sweep``: % hidden over the thread-block cluster size (configs with a ``CLUSTER_SIZE``: TLX multi-CTA),
   one panel per (variant, N), one line per K, the blog's B200 value as a dashed line.
 """
@@ -202,3 +204,25 @@ def cluster_sweep(df: pd.DataFrame, out_dir: Path, title: str, subtitle: str = "
     fig.suptitle(f"{title}: cluster-size sweep (best config per size; dashed: blog B200)"
                  + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
     return _save(fig, out_dir, "cluster_sweep")
+
+
+def tflops_bars(table: pd.DataFrame, out_dir: Path, title: str, subtitle: str = "") -> list[Path]:
+    """Grouped bars of TFLOP/s: one group per row of ``table`` (index: variant, S, ...; columns: implementation
+    labels such as ``sdpa``, ``triton attention``, ``triton fused``), the baselines in grey, each DSL's attention
+    without norms hatched next to its fused kernel. Written as ``tflops_bars.png|pdf``."""
+    t = table.copy()
+    t.index = ["\n".join(f"{k}={v}" if k not in ("variant",) else str(v) for k, v in zip(t.index.names, idx))
+               for idx in t.index]
+    cols = list(t.columns)
+    fig, ax = plt.subplots(figsize=(max(6, 1.9 * len(t)), 3.8))
+    width = 0.8 / max(1, len(cols))
+    for j, c in enumerate(cols):
+        dsl = c.split()[0]
+        color = PALETTE.get(dsl, "0.6" if "norm" in c else "0.35")
+        ax.bar(np.arange(len(t)) + (j - (len(cols) - 1) / 2) * width, t[c].to_numpy(float), width, label=c,
+               color=color, hatch="//" if c.endswith("attention") else None, edgecolor="white", linewidth=0.5)
+    ax.set_xticks(np.arange(len(t)), t.index, fontsize=8)
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    ax.set_title(f"{title}: attention TFLOP/s" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    return _save(fig, out_dir, "tflops_bars")

@@ -71,6 +71,8 @@ def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[P
         return []
     sub = _subtitle(df, meta)
     spec = _spec(df)
+    if getattr(spec, "REPORT", None) == "throughput":  # attention: TFLOP/s per implementation, no "% hidden"
+        return plots.tflops_bars(throughput_table(df), out, title, sub)
     label = getattr(spec, "BLOG_LABEL", None) or plots.BLOG_LABEL
     variants = _variants(best)
     paths = []
@@ -169,7 +171,9 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
     best, gemm = metrics.best_fused(df), metrics.best_gemm(df)
     dsls = [d for d in plots.DSL_ORDER if d in set(df["dsl"])]
     variants = _variants(df)
-    if "saving" in best and best["saving"].notna().any():  # e.g. FlashNormAttention: saving vs a baseline module
+    if getattr(_spec(df), "REPORT", None) == "throughput":
+        lines += _throughput_lines(df)
+    elif "saving" in best and best["saving"].notna().any():  # e.g. FlashNormAttention: saving vs a baseline module
         lines += _saving_lines(df, best, dsls)
     else:
         rows = []
@@ -187,6 +191,39 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None) -> str:
                                                                      "status", "error"]]
                   .assign(error=lambda x: x["error"].astype(str).str.slice(0, 90)).to_markdown(index=False)]
     return "\n".join(lines)
+
+
+def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
+    """TFLOP/s of the fastest correct row per (variant, M, N, K) and implementation: the torch baselines by impl
+    name, each DSL as ``<dsl> attention`` (no norms) and ``<dsl> fused``."""
+    ok = df[(df["status"] == "ok") & pd.to_numeric(df["p50_ms"], errors="coerce").notna()].copy()
+    ok["who"] = [r.impl if r.dsl == "torch" else f"{r.dsl} {r.impl}" for r in ok.itertuples()]
+    t = ok.pivot_table(index=["variant", "M", "N", "K"], columns="who", values="tflops", aggfunc="max")
+    t = t.rename_axis(index={k: v for k, v in getattr(_spec(df), "DIM_LABELS", {}).items()})
+    base = [c for c in t.columns if " " not in c]
+    dsl = [f"{d} {i}" for d in plots.DSL_ORDER for i in ("attention", "fused") if f"{d} {i}" in t.columns]
+    return t[base + dsl]
+
+
+def _throughput_lines(df: pd.DataFrame) -> list[str]:
+    """TFLOP/s table, then per DSL the fused kernel's fraction of SDPA's throughput and of its own attention's, and
+    its speedup over SDPA + separate norms (the fna_llm targets: >= 90 % of SDPA, > 1x the unfused chain)."""
+    t = throughput_table(df)
+    out = ["attention TFLOP/s (fastest correct config; norms not counted in the FLOPs):", "",
+           t.round(0).reset_index().to_markdown(index=False), ""]
+    rows = []
+    for idx, r in t.iterrows():
+        row = dict(zip(t.index.names, idx))
+        for d in plots.DSL_ORDER:
+            f = r.get(f"{d} fused")
+            if f is None or not np.isfinite(f):
+                continue
+            row[f"{d} % of sdpa"] = _fmt(f / r.get("sdpa", np.nan), pct=True)
+            row[f"{d} % of own attention"] = _fmt(f / r.get(f"{d} attention", np.nan), pct=True)
+            row[f"{d} x unfused"] = _fmt(f / r.get("sdpa_plus_norms", np.nan), nd=2)
+        rows.append(row)
+    return out + ["fused kernel vs SDPA, vs the same DSL's attention without norms, and speedup over SDPA + "
+                  "torch.compile'd norms:", "", pd.DataFrame(rows).fillna("–").to_markdown(index=False), ""]
 
 
 def _saving_lines(df: pd.DataFrame, best: pd.DataFrame, dsls: list) -> list[str]:

@@ -49,6 +49,8 @@ HEAD_DIM = 128       # the sweep's head dim (cost model)
 KV_HEADS = 8         # default number of KV heads
 HEAD_DIMS = (16, 32, 64, 128, 256)
 PRIMARY_METRIC = "sdpa_fraction"
+DIM_LABELS = {"M": "S", "N": "B", "K": "Hq"}  # what the runner's M, N, K mean here (report labels)
+REPORT = "throughput"  # normfuse.report: a TFLOP/s table and bar chart instead of the "% hidden" grids
 
 
 def _check_variant(variant) -> bool:
