@@ -10,14 +10,14 @@
 #   TEST_K="norms" OUT=/tmp/out bash tools/device_run.sh      (results: /tmp/out/run_<exp>.tgz, /tmp/out/logs.tgz)
 # Environment: OUT (output folder, required), TLX_CHECKS (space-separated kernels_tlx modules), SWEEPS
 # (space-separated experiment:run_id), SWEEP_ARGS (extra Hydra overrides), SWEEP_BUDGET_S (seconds for all sweeps),
-# TEST_K (pytest -k filter; "skip" skips the tests), TEST_BUDGET_S, TILING_FILES (tiling yaml per TLX check module,
+# TEST_K (pytest -k filter; "skip" skips the tests), TEST_BUDGET_S, TESTS_PARALLEL (1: upstream and TLX tests side by side), TILING_FILES (tiling yaml per TLX check module,
 # default configs/tiling/<module>_h200.yaml).
 set -uo pipefail
 : "${OUT:?set OUT}"
 # everything but the result archives goes to $OUT/logs, packed into $OUT/logs.tgz after each step (a device call
 # returns at most 8 files); GPU=<index> pins this instance to one GPU (two instances on a 2-GPU host run side by side)
-RES="$OUT"; OUT="$OUT/logs"; mkdir -p "$OUT"
-pack() { tar czf "$RES/logs.tgz" -C "$RES" logs 2>/dev/null; }
+RES="$OUT"; OUT="$(mktemp -d)/logs"; mkdir -p "$OUT" "$RES"   # logs outside $OUT: only the archives come back
+pack() { tar czf "$RES/logs.tgz" -C "$(dirname "$OUT")" logs 2>/dev/null; }
 [ -n "${GPU:-}" ] && export CUDA_VISIBLE_DEVICES="$GPU"
 export PYTHONUNBUFFERED=1
 # the commit measured (written by `git rev-parse --short=12 HEAD > .normfuse_git_sha` before the copy)
@@ -25,10 +25,18 @@ export PYTHONUNBUFFERED=1
 TLX_PY=(env "PYTHONPATH=$GPUBUNDLE_FBTRITON:$GPUBUNDLE_SITE" python3)
 nvidia-smi --query-gpu=name,power.limit,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$OUT/nvidia_smi.csv" 2>&1
 
-run_tests() {
+run_tests() {  # make test-gpu = upstream pytest, then TLX pytest; TESTS_PARALLEL=1 runs the two side by side
   local kk=""; [ -n "${TEST_K:-}" ] && kk="-k '${TEST_K}'"   # expanded here: make would re-expand a literal \$
-  timeout -s INT "${TEST_BUDGET_S:-200}" make -k test-gpu PYTEST_ARGS="-q --timeout 180 -p no:logging $kk" \
-    > "$OUT/test_gpu.log" 2>&1
+  if [ "${TESTS_PARALLEL:-0}" = 1 ]; then
+    local args=(-q --timeout 180 -p no:logging -m gpu); [ -n "${TEST_K:-}" ] && args+=(-k "$TEST_K")
+    timeout -s INT "${TEST_BUDGET_S:-200}" python3 -m pytest "${args[@]}" tests --ignore=tests/tlx \
+      > "$OUT/test_gpu.log" 2>&1 &
+    timeout -s INT "${TEST_BUDGET_S:-200}" "${TLX_PY[@]}" -m pytest "${args[@]}" tests/tlx > "$OUT/test_gpu_tlx.log" 2>&1
+    echo "test-gpu tlx rc=$?" | tee -a "$OUT/guard.log"; wait
+  else
+    timeout -s INT "${TEST_BUDGET_S:-200}" make -k test-gpu PYTEST_ARGS="-q --timeout 180 -p no:logging $kk" \
+      > "$OUT/test_gpu.log" 2>&1
+  fi
   echo "test-gpu rc=$?" | tee -a "$OUT/guard.log"; pack
 }
 
