@@ -6,10 +6,18 @@ r"""Helion kernels for MXNorm and RMSNorm fused with the MXFP8 cast (one pass ov
 normalisation", arXiv 2603.13180, https://arxiv.org/abs/2603.13180); cast rules: ``normfuse/mxfp8.py``
 (torchao 0.18 ``to_mx``, FLOOR and RCEIL). Kernel shape after ``shared/examples/helion_rms_mxfp8.py`` (our own).
 
-**Kernel structure.** One Helion kernel body for all six (op, p, scale mode) combinations, specialized by two
-``hl.constexpr`` arguments (``mode``: 0 = RMSNorm, 1/2 = MXNorm p; ``rceil``), so each combination is its own
-generated Triton kernel with no runtime branches. Grid loop ``for tile_m in hl.tile(m)`` (``BLOCK_M`` rows per
-program), the whole row as ``x[tile_m, :]`` with ``n = hl.specialize(D)``, reshaped to ``[BLOCK_M, D/32, 32]``:
+**Kernel structure.** One Helion kernel body for all six (op, p, scale mode) combinations, specialized by three
+``hl.constexpr`` arguments (``mode``: 0 = RMSNorm, 1/2 = MXNorm p; ``rceil``; ``blocked``), so each combination is
+its own generated Triton kernel with no runtime branches. Grid loop ``for tile_m in hl.tile(m)`` (``BLOCK_M`` rows
+per program), the whole row in registers as ``[BLOCK_M, D/32, 32]`` MX blocks:
+
+* D/32 a power of two (the benchmark D): ``x[tile_m, :]`` with ``n = hl.specialize(D)``, reshaped in registers;
+* any other multiple of 32 (``blocked``): the host passes the free view ``x.view(T, D/32, 32)`` and the kernel loads
+  ``x[tile_m, :, :]``; Helion pads the block dimension to ``next_pow2(D/32)`` and masks the padding (loads give 0,
+  the sums and maxima ignore it, stores skip it). Reshaping the 2-D row does not work there: Helion pads the row to
+  ``next_pow2(D)`` elements, and ``reshape([BLOCK_M, D/32, 32])`` of that fails tracing (``shape '[u0, 33, 32]'
+  is invalid``, D = 1056). The power-of-two path is kept because its generated code is the original one (the 3-D
+  load needs more registers at D = 4096: 127 vs 80 for r4-w8, sm_90 compile-only).
 
 * block maxima as an integer ``torch.amax`` over the sign-cleared fp32 bits (``.view(torch.int32) & 0x7FFFFFFF``;
   Helion lowers it to its NaN-propagating max), so a NaN block gets scale 255 like ``torch.amax`` in torchao;
@@ -21,7 +29,8 @@ program), the whole row as ``x[tile_m, :]`` with ``n = hl.specialize(D)``, resha
   saturates like torchao's clamp; in ref mode torch >= 2.12's eager cast saturates too).
 
 Limits: the row lives in registers (``reduction_loops`` must be ``(None,)``: a looped reduction over the reshaped
-``[D/32, 32]`` row is not offered), D a multiple of 32. Unlike the Triton and TLX kernels there is no software
+``[D/32, 32]`` row is not offered), D a multiple of 32; a non-power-of-two D/32 holds ``padded_width(D)`` elements
+per row (the register limit ``MAX_ELEMS_PER_THREAD`` is applied to that). Unlike the Triton and TLX kernels there is no software
 E4M3 cast: the CPU mode is Helion's eager ref mode, where torch's own cast is exact.
 
 **Execution modes** (as ``kernels_helion/norms.py``): GPU (``compile_config`` of ``TilingConfig.to_helion()``,
@@ -46,22 +55,34 @@ from normfuse.mxfp8 import check_scale_mode
 from normfuse.techniques.mxnorm import BLOCK, check_inputs, mx_constant
 
 __all__ = ["TilingConfig", "DEFAULT_CONFIG", "H200_CANDIDATES", "OPS", "rmsnorm_mxfp8", "mxnorm_mxfp8",
-           "compile_sm90", "compile_sm90_kernel", "ptxas_usage", "triton_code", "ref_mode", "default_config"]
+           "compile_sm90", "compile_sm90_kernel", "ptxas_usage", "triton_code", "ref_mode", "default_config",
+           "padded_width"]
 
 OPS = ("rmsnorm_mxfp8", "mxnorm_mxfp8")
 
 
 @helion.kernel(static_shapes=True, autotune_effort="none")
-def _mx_cast_kernel(x: torch.Tensor, eps: float, mx_const: float, mode: hl.constexpr,
-                    rceil: hl.constexpr) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    m, n = x.size()
-    n = hl.specialize(n)
-    kb = n // 32
-    q = torch.empty([m, n], dtype=torch.float8_e4m3fn, device=x.device)
+def _mx_cast_kernel(x: torch.Tensor, eps: float, mx_const: float, mode: hl.constexpr, rceil: hl.constexpr,
+                    blocked: hl.constexpr) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # x: [T, D] when D/32 is a power of two (blocked=False: the row is loaded whole and reshaped to [D/32, 32] in
+    # registers), else the host's free view [T, D/32, 32] (blocked=True: a 3-D load; reshaping a 2-D row fails
+    # Helion's tracing there, as the row's block is padded to next_pow2(D) elements). q has x's shape.
+    if blocked:
+        m, kb, blk = x.size()
+        kb = hl.specialize(kb)
+        n = kb * hl.specialize(blk)
+    else:
+        m, n = x.size()
+        n = hl.specialize(n)
+        kb = n // 32
+    q = torch.empty(x.size(), dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty([m, kb], dtype=torch.uint8, device=x.device)
     rstd_out = torch.empty([m], dtype=torch.float32, device=x.device)
     for tile_m in hl.tile(m):
-        xb = x[tile_m, :].to(torch.float32).reshape([tile_m, kb, 32])
+        if blocked:
+            xb = x[tile_m, :, :].to(torch.float32)
+        else:
+            xb = x[tile_m, :].to(torch.float32).reshape([tile_m, kb, 32])
         if mode == 0:  # RMSNorm: row sum of squares, then the block maxima of y
             ss = torch.sum(torch.sum(xb * xb, dim=-1), dim=-1)
             rstd = torch.rsqrt(ss / n + eps)
@@ -93,7 +114,10 @@ def _mx_cast_kernel(x: torch.Tensor, eps: float, mx_const: float, mode: hl.const
             mult = ((254 - torch.clamp(s, min=1)) << 23).view(torch.float32)
             mult = torch.where(s == 255, 0.0, mult)
         qv = (yb * mult[:, :, None]).to(torch.float8_e4m3fn)
-        q[tile_m, :] = qv.reshape([tile_m, n])
+        if blocked:
+            q[tile_m, :, :] = qv
+        else:
+            q[tile_m, :] = qv.reshape([tile_m, n])
         scales[tile_m, :] = s.to(torch.uint8)
         rstd_out[tile_m] = rstd
     return q, scales, rstd_out
@@ -122,12 +146,21 @@ class TilingConfig(_NormTiling):
 DEFAULT_CONFIG = TilingConfig(block_sizes=(2,), num_warps=8)
 
 
+def padded_width(D: int) -> int:
+    """Elements of a row that the kernel holds in registers: ``D`` rounded up to ``32 * next_pow2(D / 32)`` (Triton
+    blocks are powers of two; the padding is masked). Equal to D for the benchmark D (powers of two)."""
+    kb = max(1, D // BLOCK)
+    return BLOCK * (1 << (kb - 1).bit_length())
+
+
 def default_config(D: int) -> TilingConfig:
-    """The config used when ``config=None``: about 32 elements of x per thread, 8 warps up to D = 8192
-    (BLOCK_M = 4, 4, 2, 1 for D = 1K, 2K, 4K, 8K) and one row on 16 warps beyond (32 warps past D = 32K)."""
-    if D > 8192:
-        return TilingConfig(block_sizes=(1,), num_warps=32 if D > 32768 else 16)
-    rows = max(1, min(4, 8192 // D))
+    """The config used when ``config=None``: about 32 elements of the (padded, ``padded_width``) row per thread,
+    8 warps up to 8192 (BLOCK_M = 4, 4, 2, 1 for 1K, 2K, 4K, 8K) and one row on 16 warps beyond (32 warps past
+    32K)."""
+    Dp = padded_width(D)
+    if Dp > 8192:
+        return TilingConfig(block_sizes=(1,), num_warps=32 if Dp > 32768 else 16)
+    rows = max(1, min(4, 8192 // Dp))
     return TilingConfig(block_sizes=(1 << (rows.bit_length() - 1),), num_warps=8)  # a power of two
 
 # H200 candidates for T in {1K .. 128K} x D in {1K .. 16K} (bf16); untimed. Elements of x per thread =
@@ -160,7 +193,14 @@ def _args(op: str, x, p, eps, scale_mode) -> tuple:
     _, D = check_inputs(x, eps, p, scale_mode)
     mode = 0 if op == "rmsnorm_mxfp8" else int(p)
     const = mx_constant(int(p), D) if mode else 0.0
-    return (x, float(eps), const, mode, check_scale_mode(scale_mode) == "rceil")
+    blocked = not _is_pow2(D // BLOCK)
+    if blocked:  # a free view (x is contiguous: check_inputs); the kernel's 3-D input
+        x = x.view(x.shape[0], D // BLOCK, BLOCK)
+    return (x, float(eps), const, mode, check_scale_mode(scale_mode) == "rceil", blocked)
+
+
+def _is_pow2(v: int) -> bool:
+    return v >= 1 and (v & (v - 1)) == 0
 
 
 MAX_ELEMS_PER_THREAD = 64  # fp32 elements of x per thread; beyond it ptxas spills at D = 16384 (r4-w8: 255 regs)
@@ -168,12 +208,14 @@ MAX_ELEMS_PER_THREAD = 64  # fp32 elements of x per thread; beyond it ptxas spil
 
 def _config(config, D: int) -> TilingConfig:
     """The validated config for rows of D; ValueError (the sweep's 'unsupported') when a thread would hold more
-    than ``MAX_ELEMS_PER_THREAD`` elements of x (``BLOCK_M * D / (32 * num_warps)``)."""
+    than ``MAX_ELEMS_PER_THREAD`` elements of x (``BLOCK_M * padded_width(D) / (32 * num_warps)``)."""
     cfg = TilingConfig.from_dict(config) if config is not None else default_config(D)
-    per_thread = cfg.block_sizes[0] * D // (32 * cfg.num_warps)
+    Dp = padded_width(D)
+    per_thread = cfg.block_sizes[0] * Dp // (32 * cfg.num_warps)
     if per_thread > MAX_ELEMS_PER_THREAD:
+        pad = "" if Dp == D else f" (D padded to {Dp}: 32 x next_pow2(D/32))"
         raise ValueError(f"config cannot serve D={D}: BLOCK_M * D / (32 * num_warps) = {per_thread} elements per "
-                         f"thread > {MAX_ELEMS_PER_THREAD} (registers; use fewer rows or more warps)")
+                         f"thread{pad} > {MAX_ELEMS_PER_THREAD} (registers; use fewer rows or more warps)")
     return cfg
 
 
@@ -181,7 +223,7 @@ def _run(op: str, x, p, eps, scale_mode, config):
     args = _args(op, x, p, eps, scale_mode)
     cfg = _config(config, x.shape[1])
     if ref_mode():
-        return _mx_cast_kernel(*args)  # eager PyTorch on whole tensors: the config does not apply
+        return _unblock(*_mx_cast_kernel(*args))  # eager PyTorch on whole tensors: the config does not apply
     if x.device.type != "cuda":
         raise ValueError(f"{op} needs CUDA tensors (got {x.device}); on CPU set HELION_INTERPRET=1 before "
                          "importing helion (ref mode), or use compile_sm90 for a compile-only check")
@@ -192,7 +234,12 @@ def _run(op: str, x, p, eps, scale_mode, config):
         with _live_args(bound, args):
             fn = bound.compile_config(cfg.to_helion())
         _COMPILED[ck] = fn
-    return fn(*args)
+    return _unblock(*fn(*args))
+
+
+def _unblock(q, scales, rstd):
+    """The kernel's ``q`` (``[T, D/32, 32]`` for the blocked input) as ``[T, D]`` (a view)."""
+    return q.view(q.shape[0], -1), scales, rstd
 
 
 def rmsnorm_mxfp8(x: torch.Tensor, *, eps: float = 1e-6, scale_mode: str = "floor",

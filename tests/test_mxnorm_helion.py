@@ -6,7 +6,9 @@
 2. Generated Triton (CPU tensors, no compile): one load of x (one pass), the NaN-propagating integer block max,
    no log2 / division in MXNorm, one constexpr-specialized kernel per (op, scale mode).
 3. Compile-only for sm_90: every H200 candidate at D in {1K, 4K, 16K} where it serves D: the hardware cast
-   ``cvt.rn.satfinite.e4m3x2.f32``, no ptxas spills, shared memory within the limit; and config validation.
+   ``cvt.rn.satfinite.e4m3x2.f32``, no ptxas spills, shared memory within the limit; every shipped config, op, p
+   and scale mode at D = 1056 and D = 32 (D/32 not a power of two / 1: Helion's tracing of the row reshape failed
+   there on the GPU: ``shape '[u0, 33, 32]' is invalid``); and config validation.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from kernels_helion import mxnorm as hm
 assert hm.ref_mode()
 rows = []
 for dtype in ("bf16", "fp16", "fp32"):
-    for M, D in ((1, 32), (37, 320), (16, 2080)):
+    for M, D in ((1, 32), (37, 320), (16, 2080), (5, 1056)):  # D/32 = 1, 10, 65, 33: the blocked 3-D input
         for mode in ("floor", "rceil"):
             inp = T.make_inputs(M, D, dtype=dtype, seed=M + D, scale_mode=mode)
             for variant in T.VARIANTS:
@@ -41,7 +43,7 @@ print(json.dumps(rows))
 
 def test_ref_mode_bit_exact():
     rows = run_python_json(_REF, env={"HELION_INTERPRET": "1"}, timeout=900)
-    assert len(rows) == 3 * 3 * 2 * 3
+    assert len(rows) == 3 * 4 * 2 * 3
     bad = [r for r in rows if not r["ok"] or r["codes"] or r["scale_bad"]]
     assert not bad, bad[:5]
 
@@ -109,6 +111,45 @@ def test_compile_sm90():
             assert any(k.startswith(f"{op}/{D}/") for k in served), (op, D)
     assert "elements per thread" in out["mxnorm_mxfp8/16384/r4-w8"]["unsupported"]  # 128 per thread: refused
 
+
+_COMPILE_RAGGED = r"""
+import json, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_helion import mxnorm as hm
+from normfuse.gpu_checks import shipped_configs
+out = {}
+for cfg in shipped_configs("helion", "mxnorm"):
+    cfg = {k: v for k, v in cfg.items() if k not in ("name", "impls")}
+    for D in (1056, 32):
+        x = torch.empty(257, D, dtype=torch.bfloat16)
+        for op, p in (("rmsnorm_mxfp8", 2), ("mxnorm_mxfp8", 1), ("mxnorm_mxfp8", 2)):
+            for mode in (("floor", "rceil") if D == 1056 else ("rceil",)):
+                key = f"{op}/p{p}/{D}/{mode}/{cfg}"
+                code = hm.triton_code(op, x, config=cfg, p=p, scale_mode=mode)
+                ck = hm.compile_sm90_kernel(op, x, config=cfg, p=p, scale_mode=mode)
+                out[key] = dict(cvt=ck.asm["ptx"].count("cvt.rn.satfinite.e4m3x2.f32"),
+                                spills=hm.ptxas_usage(ck)["spill_store_bytes"],
+                                block_mask=code.count(f"< {D // 32}"), loads=code.count("tl.load(x +"))
+print(json.dumps(out))
+"""
+
+
+def test_compile_sm90_ragged_block_count():
+    out = run_python_json(_COMPILE_RAGGED, timeout=900)
+    assert len(out) >= 3 * 3 * 3  # >= 3 shipped configs x 3 (op, p) x (2 modes at 1056 + 1 at 32)
+    for key, r in out.items():
+        assert r["cvt"] > 0 and r["spills"] == 0 and r["loads"] == 1, (key, r)
+        if "/1056/" in key:  # the padded block dimension (64 for 33 blocks) is masked
+            assert r["block_mask"] >= 1, (key, r)
+
+
+def test_padded_width():
+    assert [hm.padded_width(D) for D in (32, 1024, 1056, 2080, 3072, 16384)] == [32, 1024, 2048, 4096, 4096, 16384]
+    cfg = {"block_sizes": [1], "num_warps": 2}
+    assert hm._config(cfg, 4096)  # 64 elements per thread: the limit
+    with pytest.raises(ValueError, match="padded to 8192"):  # D = 4128: 129 blocks held as 256 (128 per thread)
+        hm._config(cfg, 4128)
 
 def test_config_validation():
     with pytest.raises(ValueError, match="reduction_loops"):
