@@ -240,3 +240,21 @@ def test_bad_inputs(variant):
     if not IN_REF_MODE:
         with pytest.raises(ValueError, match="HELION_INTERPRET"):
             fn(a, b)  # CPU tensors outside ref mode
+
+
+@pytest.mark.parametrize("variant", ["rmsnorm", "layernorm"])
+def test_flatten_n_needs_full_n_tiles(variant):
+    """flatten_n is refused at a partial last N tile (the GPU failure at N=264, BLOCK_N=256; module docstring),
+    whatever the mode; with full tiles the call goes on (ref mode: runs; otherwise: the CUDA-tensor error)."""
+    fn = km.matmul_rmsnorm if variant == "rmsnorm" else km.matmul_layernorm
+    cfg = km.H200_CANDIDATES["rowblock-flatn-128x256x64-s3"]
+    a = torch.randn(5, 64, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"flatten_n needs N % BLOCK_N == 0 \(got N=264, BLOCK_N=256\)"):
+        fn(a, torch.randn(64, 264), config=cfg)
+    unflat = {**cfg, "flatten_n": False}
+    for b, c in ((torch.randn(64, 512), cfg), (torch.randn(64, 264), unflat)):
+        if km.ref_mode():
+            assert fn(a, b, config=c)[0].shape == (5, b.shape[1])
+        else:
+            with pytest.raises(ValueError, match="CUDA"):
+                fn(a, b, config=c)
