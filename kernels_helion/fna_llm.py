@@ -52,12 +52,23 @@ from normfuse.tiling import TilingConfigBase
 
 OPS = ("qknorm_attention", "attention")
 LOG2E = 1.4426950408889634
+K_NORM_MODES = ("prepass", "inloop")
+
+
+@helion.kernel(static_shapes=True, autotune_effort="none")
+def _k_rstd_kernel(k2: torch.Tensor, rstd: torch.Tensor, eps: float) -> None:
+    """Pre-pass: ``rstd[r] = rsqrt(mean_d(k2[r, d]²) + eps)`` in fp32 for the rows ``r`` of ``k2 [B*Hkv*S, D]``."""
+    d = hl.specialize(k2.size(1))
+    for tile_r in hl.tile(k2.size(0)):
+        x = k2[tile_r, :].to(torch.float32)
+        rstd[tile_r] = torch.rsqrt(torch.sum(x * x, dim=-1) / d + eps)
 
 
 @helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
 def _fna_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor | None,
-                k_weight: torch.Tensor | None, o_weight: torch.Tensor | None, eps: float,
-                causal: hl.constexpr, norm_qk: hl.constexpr) -> torch.Tensor:
+                k_weight: torch.Tensor | None, o_weight: torch.Tensor | None, k_rstd: torch.Tensor | None,
+                eps: float, causal: hl.constexpr, norm_qk: hl.constexpr, k_inloop: hl.constexpr,
+                k_prepass: hl.constexpr) -> torch.Tensor:
     bh_dim = q.size(0) * q.size(1)
     hq = hl.specialize(q.size(1))
     group = hl.specialize(q.size(1) // k.size(1))
@@ -73,7 +84,10 @@ def _fna_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: tor
         bkv = (b // hq) * (hq // group) + (b % hq) // group
         qt = qv[b, tile_m, :].to(torch.float32)
         if norm_qk:
-            qt = qt * torch.rsqrt(torch.mean(qt * qt, dim=-1, keepdim=True) + eps) * q_weight[None, :].to(torch.float32)
+            gamma = q_weight[None, :].to(torch.float32)
+            if k_prepass:  # γk folded into Q: q_n·k_n = rstd_k · Σ_d (q_n,d γk_d) k_d
+                gamma = gamma * k_weight[None, :].to(torch.float32)
+            qt = qt * torch.rsqrt(torch.mean(qt * qt, dim=-1, keepdim=True) + eps) * gamma
         qt = qt.to(qv.dtype)
         m_i = hl.full([tile_m], float("-inf"), dtype=torch.float32)
         l_i = hl.zeros([tile_m], dtype=torch.float32)
@@ -84,11 +98,15 @@ def _fna_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: tor
         for tile_n in hl.tile(0, hi):
             valid_n = tile_n.index < m_dim
             kt = kv[bkv, tile_n, :]
-            if norm_qk:  # once per K/V tile load
+            if k_inloop:  # once per K/V tile load
                 kf = kt.to(torch.float32)
                 kt = (kf * torch.rsqrt(torch.mean(kf * kf, dim=-1, keepdim=True) + eps)
                       * k_weight[None, :].to(torch.float32)).to(kv.dtype)
-            s = hl.dot(qt, kt.T, out_dtype=torch.float32) * qk_scale
+            s = hl.dot(qt, kt.T, out_dtype=torch.float32)  # k_prepass: the raw K tile feeds only the dot
+            if k_prepass:  # column scale rstd_k[n] (fp32, a separate [BLOCK_N] load) · log2(e)/sqrt(D)
+                s = s * (k_rstd[bkv, tile_n] * qk_scale)[None, :]
+            else:
+                s = s * qk_scale
             if causal:
                 s = torch.where((tile_n.index[None, :] <= tile_m.index[:, None]) & valid_n[None, :], s,
                                 float("-inf"))
@@ -115,11 +133,14 @@ def _is_pow2(v) -> bool:
 @dataclass(frozen=True)
 class TilingConfig(TilingConfigBase):
     """``block_sizes`` ``(BLOCK_M, BLOCK_N)`` (powers of two in [16, 256]), ``num_warps`` (power of two, 1..16),
-    ``num_stages`` (1..6). Raises ValueError naming the violated constraint."""
+    ``num_stages`` (1..6), ``K_NORM`` (``"prepass"``: a pre-pass kernel computes ``rstd_k`` and the KV loop scales
+    the score columns; ``"inloop"``: every K tile is normalized in the KV loop; ignored by ``attention``). Raises
+    ValueError naming the violated constraint."""
 
     block_sizes: tuple = (128, 64)
     num_warps: int = 8
     num_stages: int = 3
+    K_NORM: str = "prepass"
 
     def __post_init__(self):
         bs = self.block_sizes
@@ -132,6 +153,8 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"num_warps must be a power of two in [1, 16], got {self.num_warps!r}")
         if not (isinstance(self.num_stages, int) and 1 <= self.num_stages <= 6):
             raise ValueError(f"num_stages must be an integer in [1, 6], got {self.num_stages!r}")
+        if self.K_NORM not in K_NORM_MODES:
+            raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
 
     def to_helion(self) -> helion.Config:
         """Helion block ids: [batch x head (fixed 1), BLOCK_M, BLOCK_N]."""
@@ -140,6 +163,8 @@ class TilingConfig(TilingConfigBase):
 
 
 _COMPILED: dict = {}
+# the rstd_k pre-pass: 32 K rows x D per program (D = 128 bf16: 8 KB), a memory-bound row reduction
+RSTD_CONFIG = helion.Config(block_sizes=[32], num_warps=4, num_stages=1)
 
 
 def ref_mode() -> bool:
@@ -147,33 +172,56 @@ def ref_mode() -> bool:
     return is_ref_mode_enabled(_fna_kernel.settings)
 
 
-def _args(q, k, v, q_weight, k_weight, o_weight, causal, eps, norms: bool) -> tuple:
+def _args(q, k, v, q_weight, k_weight, o_weight, causal, eps, norms: bool, config) -> tuple[tuple, TilingConfig]:
+    """Validate; return (the ``_fna_kernel`` arguments, the TilingConfig). ``k_rstd`` (argument 6) is a
+    ``[B*Hkv, S]`` fp32 buffer for the pre-pass when ``norms`` and ``K_NORM = "prepass"``, else None
+    (``attention`` ignores K_NORM)."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if norms and (q_weight is None or k_weight is None):
         raise ValueError("qknorm_attention needs q_weight and k_weight [D]")
-    check_inputs(q, k, v, q_weight, k_weight, o_weight, eps)
+    B, Hq, Hkv, S, D = check_inputs(q, k, v, q_weight, k_weight, o_weight, eps)
+    cfg = TilingConfig.from_dict(config)
     if not norms:
         q_weight = k_weight = o_weight = None
-    return (q, k, v, q_weight, k_weight, o_weight, float(eps), causal, norms)
+    prepass = norms and cfg.K_NORM == "prepass"
+    k_rstd = torch.empty(B * Hkv, S, dtype=torch.float32, device=q.device) if prepass else None
+    return (q, k, v, q_weight, k_weight, o_weight, k_rstd, float(eps), causal, norms, norms and not prepass,
+            prepass), cfg
 
 
-def _run(args: tuple, config):
-    cfg = TilingConfig.from_dict(config)
+def _rstd_args(args: tuple) -> tuple:
+    """``_k_rstd_kernel`` arguments for the ``_fna_kernel`` arguments ``args``: K as ``[B*Hkv*S, D]`` rows, the flat
+    ``k_rstd`` buffer, eps."""
+    k, k_rstd = args[1], args[6]
+    return (k.view(-1, k.shape[-1]), k_rstd.view(-1), args[7])
+
+
+def _compiled(kernel, args: tuple, key: tuple, hcfg: helion.Config):
+    fn = _COMPILED.get(key)
+    if fn is None:
+        bound = kernel.bind(args)
+        with _live_args(bound, args):
+            fn = bound.compile_config(hcfg)
+        _COMPILED[key] = fn
+    return fn
+
+
+def _run(args: tuple, cfg: TilingConfig):
+    prepass = args[6] is not None
     if ref_mode():
+        if prepass:
+            _k_rstd_kernel(*_rstd_args(args))
         return _fna_kernel(*args)
-    q = args[0]
+    q, k = args[0], args[1]
     if q.device.type != "cuda":
         raise ValueError(f"needs CUDA tensors (got {q.device}); on CPU set HELION_INTERPRET=1 before importing "
                          "helion (ref mode), or use compile_sm90")
-    key = (tuple(q.shape), tuple(args[1].shape), q.dtype, q.device, args[5] is not None, args[7], args[8], cfg)
-    fn = _COMPILED.get(key)
-    if fn is None:
-        bound = _fna_kernel.bind(args)
-        with _live_args(bound, args):
-            fn = bound.compile_config(cfg.to_helion())
-        _COMPILED[key] = fn
-    return fn(*args)
+    if prepass:  # rstd_k first (same stream, so ordered before the attention); part of the timed call
+        pre = _rstd_args(args)
+        _compiled(_k_rstd_kernel, pre, ("k_rstd", tuple(k.shape), k.dtype, k.device), RSTD_CONFIG)(*pre)
+    key = (tuple(q.shape), tuple(k.shape), q.dtype, q.device, args[5] is not None, args[8:], cfg)
+    return _compiled(_fna_kernel, args, key, cfg.to_helion())(*args)
 
 
 def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
@@ -186,12 +234,12 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     ValueError for bad inputs (``normfuse.techniques.fna_llm.check_inputs``) or config, ValueError for CPU
     tensors outside ref mode.
     """
-    return _run(_args(q, k, v, q_weight, k_weight, o_weight, causal, eps, True), config)
+    return _run(*_args(q, k, v, q_weight, k_weight, o_weight, causal, eps, True, config))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
     """The same kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (as ``qknorm_attention``)."""
-    return _run(_args(q, k, v, None, None, None, causal, 1e-6, False), config)
+    return _run(*_args(q, k, v, None, None, None, causal, 1e-6, False, config))
 
 
 def _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm):
@@ -203,8 +251,7 @@ def _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm):
         q_weight = q_weight if q_weight is not None else torch.empty(D, dtype=q.dtype)
         k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
     ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
-    args = _args(q, k, v, q_weight, k_weight, ow, causal, eps, norms)
-    cfg = TilingConfig.from_dict(config)
+    args, cfg = _args(q, k, v, q_weight, k_weight, ow, causal, eps, norms, config)
     if ref_mode():
         raise RuntimeError("code generation is unavailable in Helion ref mode (unset HELION_INTERPRET)")
     return _fna_kernel.bind(args), cfg.to_helion(), args
@@ -225,7 +272,8 @@ def triton_code(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float = 
 def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float = 1e-6, config=None,
                  causal: bool = True, o_norm: bool = False) -> dict:
     """Compile ``op`` for sm_90 without launching (needs ``normfuse.compile_only.install(90)``; CPU tensors, never
-    read); returns ``normfuse.compile_only.summarize``. RuntimeError in ref mode."""
+    read); returns ``normfuse.compile_only.summarize`` of the attention kernel, plus ``k_rstd`` (the pre-pass's
+    summary) for 'qknorm_attention' with ``K_NORM = "prepass"``. RuntimeError in ref mode."""
     from normfuse.compile_only import WarmupLauncher, summarize
 
     bound, hcfg, args = _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm)
@@ -234,7 +282,17 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
         bound.compile_config(hcfg)(*args, _launcher=launcher)
     if launcher.last is None:
         raise RuntimeError(f"{op}: Helion's host code did not launch a kernel; nothing was compiled")
-    return summarize(launcher.last)
+    out = summarize(launcher.last)
+    if args[6] is not None:  # K_NORM = "prepass": the rstd_k pre-pass too
+        pre = _rstd_args(args)
+        bound = _k_rstd_kernel.bind(pre)
+        launcher = WarmupLauncher()
+        with _live_args(bound, pre), _codegen_env(q):
+            bound.compile_config(RSTD_CONFIG)(*pre, _launcher=launcher)
+        if launcher.last is None:
+            raise RuntimeError("k_rstd: Helion's host code did not launch a kernel; nothing was compiled")
+        out["k_rstd"] = summarize(launcher.last)
+    return out
 
 
 if __name__ == "__main__":  # GPU self-check: every shipped config at a few odd shapes

@@ -54,18 +54,23 @@ from normfuse.tiling import TilingConfigBase
 LOG2E = 1.4426950408889634
 NUM_MMA_GROUPS = 2  # consumer warpgroups, 64 query rows each
 CONSUMER_REGS = 232
+K_NORM_MODES = ("prepass", "inloop")
+RSTD_BLOCK_ROWS = 64  # K rows per program of the rstd_k pre-pass
 
 
 @dataclass(frozen=True)
 class TilingConfig(TilingConfigBase):
     """``BLOCK_M`` (128: two consumer warpgroups of 64 rows), ``BLOCK_N`` (64 or 128 keys per step),
-    ``NUM_BUFFERS`` (K/V ring depth, 2-4), ``PINGPONG`` (ordered QKᵀ issue between the two warpgroups).
-    Raises ValueError naming the violated constraint."""
+    ``NUM_BUFFERS`` (K/V ring depth, 2-4), ``PINGPONG`` (ordered QKᵀ issue between the two warpgroups),
+    ``K_NORM`` (``"prepass"``: a pre-pass kernel computes ``rstd_k`` and the consumers load it as a ``[BLOCK_N]``
+    vector; ``"inloop"``: the consumers compute ``rstd_k`` from the K tile in shared memory; ignored by
+    ``attention``). Raises ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     NUM_BUFFERS: int = 2
     PINGPONG: bool = True
+    K_NORM: str = "prepass"
 
     def __post_init__(self):
         if self.BLOCK_M != 128:
@@ -76,14 +81,27 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"NUM_BUFFERS must be 2, 3 or 4, got {self.NUM_BUFFERS!r}")
         if not isinstance(self.PINGPONG, bool):
             raise ValueError(f"PINGPONG must be a bool, got {self.PINGPONG!r}")
+        if self.K_NORM not in K_NORM_MODES:
+            raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
 
 
 @triton.jit
-def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
+def _k_rstd_kernel(K, RSTD, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Pre-pass: ``rstd[r] = 1 / sqrt(mean_d(k[r, d]²) + eps)`` in fp32 for the ``R = B * Hkv * S`` rows of K (a
+    plain row reduction: no TLX extension needed)."""
+    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k = tl.load(K + offs_r[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_r[:, None] < R, other=0.0)
+    kf = k.to(tl.float32)
+    tl.store(RSTD + offs_r, 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps), mask=offs_r < R)
+
+
+@triton.jit
+def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        NUM_BUFFERS: tl.constexpr, NUM_MMA_GROUPS: tl.constexpr, CAUSAL: tl.constexpr,
-                       NORM_QK: tl.constexpr, NORM_O: tl.constexpr, PINGPONG: tl.constexpr,
-                       CONSUMER_REGS: tl.constexpr):
+                       NORM_QK: tl.constexpr, K_PREPASS: tl.constexpr, NORM_O: tl.constexpr,
+                       PINGPONG: tl.constexpr, CONSUMER_REGS: tl.constexpr):
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
     D_CHUNK: tl.constexpr = 32
     dtype = Q.dtype.element_ty
@@ -94,6 +112,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
     hkv = b * (HQ // GROUP) + h // GROUP
     q_off = bh.to(tl.int64) * S * HEAD_DIM
     kv_off = hkv.to(tl.int64) * S * HEAD_DIM
+    rstd_base = RSTD_K + hkv.to(tl.int64) * S  # [B * Hkv, S] fp32 (K_PREPASS only)
     if CAUSAL:
         hi = (start_m + 1) * BLOCK_M
         if hi > S:
@@ -158,6 +177,9 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
             for start_n in tl.range(0, hi, BLOCK_N):
                 buf = cnt % NUM_BUFFERS
                 kv_phase = kv_phase ^ (buf == 0)
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                if K_PREPASS:  # rstd_k of this tile's keys, issued first so that its latency hides behind the waits
+                    rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
                 tlx.barrier_wait(k_fulls[buf], kv_phase)
                 if PINGPONG:
                     if cid == 0:
@@ -170,7 +192,9 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
                         tlx.named_barrier_arrive(10, 256)
                     else:
                         tlx.named_barrier_arrive(9, 256)
-                if NORM_QK:  # rstd of the K rows, from shared memory, while the wgmma runs
+                if K_PREPASS:
+                    col_scale = rstd_k * qk_scale
+                elif NORM_QK:  # "inloop": rstd of the K rows, from shared memory, while the wgmma runs
                     ss = tl.zeros([BLOCK_N], dtype=tl.float32)
                     for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
                         kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [0, d0], [BLOCK_N, D_CHUNK]))
@@ -180,10 +204,9 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
                 qk = tlx.async_dot_wait(0, qk)
                 tlx.barrier_arrive(k_empties[buf], 1)
                 if NORM_QK:
-                    qk = qk * col_scale[None, :]
+                    qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
                 else:
                     qk = qk * qk_scale
-                offs_n = start_n + tl.arange(0, BLOCK_N)
                 need_mask = start_n + BLOCK_N > S
                 if CAUSAL:
                     need_mask = need_mask | (start_n + BLOCK_N > row0 + 1)
@@ -230,13 +253,22 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); TLX has no CPU mode (use compile_sm90)")
     o = torch.empty_like(q)
     dummy = q
+    prepass = norms and cfg.K_NORM == "prepass"  # attention (no norms) ignores K_NORM
+    pre = None
+    rstd_k = dummy
+    if prepass:  # rstd_k [B * Hkv, S] fp32, one value per K row (not a normalized copy of K)
+        R = B * Hkv * S
+        rstd_k = torch.empty(R, dtype=torch.float32, device=q.device)
+        pre = ((k, rstd_k, R, float(eps)), (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1),
+               dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1))
     args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
-            o_weight if o_weight is not None else dummy, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
+            o_weight if o_weight is not None else dummy, rstd_k, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
     grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
-              NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, NORM_O=o_weight is not None,
-              PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS, num_warps=4, num_stages=1)
-    return o, args, grid, kw
+              NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, K_PREPASS=prepass,
+              NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
+              num_stages=1)
+    return o, args, grid, kw, pre
 
 
 def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
@@ -250,7 +282,10 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     inputs (``normfuse.techniques.fna_llm.check_inputs`` plus the dtype / D limits above) or config, ValueError for
     CPU tensors.
     """
-    o, args, grid, kw = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
+    o, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
+    if pre is not None:  # K_NORM = "prepass": rstd_k first (same stream, so ordered before the attention)
+        pre_args, pre_grid, pre_kw = pre
+        _k_rstd_kernel[pre_grid](*pre_args, **pre_kw)
     triton.set_allocator(_alloc_fn)  # device-side TMA descriptors
     _fna_llm_ws_kernel[grid](*args, **kw)
     return o
@@ -258,7 +293,7 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
     """The same warp-specialized kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v``."""
-    o, args, grid, kw = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
+    o, args, grid, kw, _ = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
     triton.set_allocator(_alloc_fn)
     _fna_llm_ws_kernel[grid](*args, **kw)
     return o
@@ -269,7 +304,8 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
     """Compile ``op`` ('qknorm_attention' / 'attention') for sm_90a without a GPU (needs
     ``normfuse.compile_only.install(90)``; CPU tensors, never read). Returns ``normfuse.compile_only.summarize``
     (ptx_markers: wgmma, tma_load, mbarrier, setmaxnreg, ...) plus ``pingpong_barriers`` (``bar.sync`` /
-    ``bar.arrive`` on named barriers 9 / 10), ``tensormap_create`` (device-side descriptors) and ``grid``."""
+    ``bar.arrive`` on named barriers 9 / 10), ``tensormap_create`` (device-side descriptors), ``grid``, and for
+    'qknorm_attention' with ``K_NORM = "prepass"`` ``k_rstd`` (the pre-pass kernel's summary)."""
     from normfuse.compile_only import summarize
 
     if op not in ("qknorm_attention", "attention"):
@@ -280,13 +316,16 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
         q_weight = q_weight if q_weight is not None else torch.empty(D, dtype=q.dtype)
         k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
     ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
-    _, args, grid, kw = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, need_cuda=False)
+    _, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, need_cuda=False)
     compiled = _fna_llm_ws_kernel.warmup(*args, grid=grid, **kw)
     ptx = compiled.asm["ptx"]
     out = summarize(compiled)
     out["pingpong_barriers"] = len(re.findall(r"\bbar\.(?:sync|arrive)\s+(?:9|10),", ptx))  # named barriers 9 / 10
     out["tensormap_create"] = "tensormap.replace" in ptx  # device-side TMA descriptors
     out["grid"] = grid
+    if pre is not None:
+        pre_args, pre_grid, pre_kw = pre
+        out["k_rstd"] = summarize(_k_rstd_kernel.warmup(*pre_args, grid=pre_grid, **pre_kw))
     return out
 
 

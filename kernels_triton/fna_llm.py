@@ -50,6 +50,8 @@ from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 
 LOG2E = 1.4426950408889634
+K_NORM_MODES = ("prepass", "inloop")
+RSTD_BLOCK_ROWS = 64  # K rows per program of the rstd_k pre-pass
 
 
 def _interpreting() -> bool:
@@ -64,13 +66,16 @@ if _interpreting():
 class TilingConfig(TilingConfigBase):
     """``BLOCK_M`` query rows x ``BLOCK_N`` keys per step (powers of 2, 16..256), ``num_warps``, ``num_stages``;
     ``TMA``: load Q/K/V through device-side tensor descriptors per (batch, head) (Hopper TMA, zero fill past S)
-    instead of masked pointer loads."""
+    instead of masked pointer loads. ``K_NORM``: ``"prepass"`` (a pre-pass kernel computes ``rstd_k``; the KV loop
+    feeds the raw K tile to the dot and scales the score columns) or ``"inloop"`` (every K tile is normalized in
+    the KV loop); ignored by ``attention`` (no norms)."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 64
     num_warps: int = 8
     num_stages: int = 2
     TMA: bool = False
+    K_NORM: str = "prepass"
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N"):
@@ -83,15 +88,33 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"num_stages must be in 1..6, got {self.num_stages!r}")
         if not isinstance(self.TMA, bool):
             raise ValueError(f"TMA must be a bool, got {self.TMA!r}")
+        if self.K_NORM not in K_NORM_MODES:
+            raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
 
 
 @triton.jit
-def _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, offs_m, offs_d, S, eps, qk_scale, lo, hi,
-              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr,
-              NORM_QK: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
-    """KV blocks [lo, hi): normalize K (if NORM_QK), S = q kᵀ, online softmax, acc += p v."""
+def _k_rstd_kernel(K, RSTD, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Pre-pass: ``rstd[r] = 1 / sqrt(mean_d(k[r, d]²) + eps)`` in fp32 for the ``R = B * Hkv * S`` rows of K."""
+    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k = tl.load(K + offs_r[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_r[:, None] < R, other=0.0)
+    kf = k.to(tl.float32)
+    tl.store(RSTD + offs_r, 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps), mask=offs_r < R)
+
+
+@triton.jit
+def _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, rstd_base, offs_m, offs_d, S, eps, qk_scale,
+              lo, hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr,
+              K_INLOOP: tl.constexpr, K_PREPASS: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """KV blocks [lo, hi): S = q kᵀ (K normalized first if K_INLOOP; columns scaled by the pre-pass rstd_k if
+    K_PREPASS), online softmax, acc += p v."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
+        if K_PREPASS:  # rstd_k of this tile's keys (fp32): a separate BLOCK_N-vector load, never part of the K tile
+            if MASK:
+                rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
+            else:
+                rstd_k = tl.load(rstd_base + offs_n)
         kv_off = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
         if TMA:  # rows past S read as zeros (the descriptor is [S, D] of this (batch, KV head))
             k = desc_k.load([start_n, 0])
@@ -99,18 +122,24 @@ def _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, offs_m, offs
             k = tl.load(k_base + kv_off, mask=offs_n[:, None] < S, other=0.0)
         else:
             k = tl.load(k_base + kv_off)
-        if NORM_QK:  # once per K tile load, in fp32; the normalized copy (not the raw load) feeds the dot
+        if K_INLOOP:  # once per K tile load, in fp32; the normalized copy (not the raw load) feeds the dot
             kf = k.to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps)
             k = (kf * rstd[:, None] * kw[None, :]).to(q.dtype)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # K_PREPASS: the raw K tile feeds only the dot
+        if K_PREPASS:  # column scale rstd_k[n] · log2(e)/sqrt(D), before the mask (masked columns: rstd_k = 0)
+            qk = qk * (rstd_k * qk_scale)[None, :]
         if MASK:
             valid = offs_n[None, :] < S
             if CAUSAL:
                 valid = valid & (offs_n[None, :] <= offs_m[:, None])
             qk = tl.where(valid, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+        if K_PREPASS:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.math.exp2(qk - m_ij[:, None])
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
         alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -126,9 +155,10 @@ def _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, offs_m, offs
 
 
 @triton.jit
-def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
+def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                 NORM_QK: tl.constexpr, NORM_O: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
+                 NORM_QK: tl.constexpr, K_PREPASS: tl.constexpr, NORM_O: tl.constexpr, PRECISION: tl.constexpr,
+                 TMA: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // HQ
@@ -138,6 +168,7 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
     k_base = K + hkv.to(tl.int64) * S * HEAD_DIM
     v_base = V + hkv.to(tl.int64) * S * HEAD_DIM
     o_base = O + bh.to(tl.int64) * S * HEAD_DIM
+    rstd_base = RSTD_K + hkv.to(tl.int64) * S  # [B * Hkv, S] fp32 (K_PREPASS only)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
@@ -156,8 +187,10 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
     qf = q.to(tl.float32)
     if NORM_QK:  # once per Q tile
         qw = tl.load(QW + offs_d).to(tl.float32)
-        qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * qw[None, :]
         kw = tl.load(KW + offs_d).to(tl.float32)
+        if K_PREPASS:  # γk folded into Q: q_n·k_n = rstd_k · Σ_d (q_n,d γk_d) k_d
+            qw = qw * kw
+        qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * qw[None, :]
     else:
         kw = tl.zeros([HEAD_DIM], dtype=tl.float32)
     q = qf.to(q.dtype)  # rounded like the unfused path; the scale log2(e)/sqrt(D) is applied to S in fp32
@@ -175,10 +208,11 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
     else:
         hi = S
         mid = full_end
-    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, offs_m, offs_d, S, eps, qk_scale, 0, mid,
-                              HEAD_DIM, BLOCK_N, CAUSAL, False, NORM_QK, PRECISION, TMA)
-    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, offs_m, offs_d, S, eps, qk_scale, mid, hi,
-                              HEAD_DIM, BLOCK_N, CAUSAL, True, NORM_QK, PRECISION, TMA)
+    K_INLOOP: tl.constexpr = NORM_QK and not K_PREPASS
+    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, rstd_base, offs_m, offs_d, S, eps,
+                              qk_scale, 0, mid, HEAD_DIM, BLOCK_N, CAUSAL, False, K_INLOOP, K_PREPASS, PRECISION, TMA)
+    acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, rstd_base, offs_m, offs_d, S, eps,
+                              qk_scale, mid, hi, HEAD_DIM, BLOCK_N, CAUSAL, True, K_INLOOP, K_PREPASS, PRECISION, TMA)
     acc = acc / l_i[:, None]
     if NORM_O:
         ow = tl.load(OW + offs_d).to(tl.float32)
@@ -187,7 +221,8 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, S, HQ, GROUP, eps, qk_scale,
 
 
 def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: bool, launch: bool = True):
-    """Validate and build (args, grid, constexpr kwargs)."""
+    """Validate and build (o, args, grid, constexpr kwargs, pre-pass) where pre-pass is None or (args, grid, kwargs)
+    of ``_k_rstd_kernel`` (``norms`` and ``K_NORM = "prepass"``; ``attention`` ignores K_NORM)."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if norms and (q_weight is None or k_weight is None):
@@ -198,15 +233,24 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); CPU tensors run only under TRITON_INTERPRET=1")
     o = torch.empty_like(q)
     dummy = q  # never read when the matching flag is off
+    prepass = norms and cfg.K_NORM == "prepass"
+    pre = None
+    rstd_k = dummy
+    if prepass:  # rstd_k [B * Hkv, S] fp32, one value per K row (not a normalized copy of K)
+        R = B * Hkv * S
+        rstd_k = torch.empty(R, dtype=torch.float32, device=q.device)
+        pre = ((k, rstd_k, R, float(eps)), (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1),
+               dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1))
     args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
-            o_weight if o_weight is not None else dummy, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
+            o_weight if o_weight is not None else dummy, rstd_k, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
     grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal, NORM_QK=norms,
-              NORM_O=o_weight is not None, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+              K_PREPASS=prepass, NORM_O=o_weight is not None,
+              PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
               TMA=cfg.TMA, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.TMA and launch:
         triton.set_allocator(_alloc_fn)  # scratch for the device-side descriptors
-    return o, args, grid, kw
+    return o, args, grid, kw, pre
 
 
 def _alloc_fn(size: int, align: int, stream):
@@ -223,7 +267,10 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     S, D]`` in q's dtype. ``config``: ``TilingConfig`` or mapping. Raises TypeError / ValueError for bad inputs
     (``normfuse.techniques.fna_llm.check_inputs``) or config, ValueError for CPU tensors outside the interpreter.
     """
-    o, args, grid, kw = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
+    o, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
+    if pre is not None:  # K_NORM = "prepass": rstd_k first (same stream, so ordered before the attention)
+        pre_args, pre_grid, pre_kw = pre
+        _k_rstd_kernel[pre_grid](*pre_args, **pre_kw)
     _fna_llm_fwd[grid](*args, **kw)
     return o
 
@@ -231,7 +278,7 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
     """The same flash attention without any norm: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (shapes, dtypes and
     errors as ``qknorm_attention``)."""
-    o, args, grid, kw = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
+    o, args, grid, kw, _ = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
     _fna_llm_fwd[grid](*args, **kw)
     return o
 
@@ -253,8 +300,12 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
         q_weight = q_weight if q_weight is not None else torch.empty(D, dtype=q.dtype)
         k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
     ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
-    _, args, grid, kw = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, launch=False)
-    return summarize(_fna_llm_fwd.warmup(*args, grid=grid, **kw))
+    _, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, launch=False)
+    out = summarize(_fna_llm_fwd.warmup(*args, grid=grid, **kw))
+    if pre is not None:
+        pre_args, pre_grid, pre_kw = pre
+        out["k_rstd"] = summarize(_k_rstd_kernel.warmup(*pre_args, grid=pre_grid, **pre_kw))
+    return out
 
 
 if __name__ == "__main__":  # GPU self-check: every shipped config at a few odd shapes
