@@ -1,10 +1,12 @@
 """fna_llm in Helion (kernels_helion/fna_llm.py):
 
 1. ref mode (``HELION_INTERPRET=1``, eager PyTorch on whole tensors; subprocess): fp16/fp32/bf16, odd S, S = 1,
-   GQA, Hq = 3 with Hkv = 1, causal and not, output norm; NaN/Inf isolation between batch elements;
+   GQA, Hq = 3 with Hkv = 1, causal and not, output norm, the fused op in both K_NORM modes (prepass and inloop
+   agreeing); NaN/Inf isolation between batch elements (both modes);
 2. generated Triton: 2-D tiles, the causal KV loop bounded by the Q tile's end (clamped to S), GQA KV-head index,
-   the K norm inside the KV loop; sm_90 compile of every shipped config with wgmma;
-3. bad inputs and configs.
+   K_NORM = inloop: the K norm inside the KV loop; prepass: no rsqrt in the KV loop, the rstd_k vector loaded
+   there; sm_90 compile of every shipped config with wgmma (and of the rstd_k pre-pass for prepass configs);
+3. bad inputs and configs (a bad K_NORM raises ValueError).
 """
 
 import os
@@ -26,7 +28,7 @@ assert K.ref_mode()
 def run(impl, inp, variant, cfg=None):
     return T.kernel_call(getattr(K, T.kernel_function_name(impl)), impl, inp, 1e-6, cfg, variant)()
 
-rows = []
+rows, agree = [], []
 for dtype in ("fp16", "fp32", "bf16"):
     for S, B, Hq, Hkv, D in ((70, 2, 4, 2, 32), (70, 1, 3, 1, 32), (1, 2, 2, 1, 16), (130, 1, 4, 4, 64)):
         for o_norm in (False, True):
@@ -35,21 +37,30 @@ for dtype in ("fp16", "fp32", "bf16"):
                 for impl in T.IMPLS:
                     if impl == "attention" and o_norm:
                         continue
-                    out = run(impl, inp, variant, {"block_sizes": [32, 16]})
-                    r = T.check(impl, out, inp, 1e-6, variant)
-                    rows.append(dict(dtype=dtype, S=S, variant=variant, impl=impl, ok=r["ok"], err=r["max_abs_err"],
-                                     tol=r["tol"], shape_ok=out.shape == inp["q"].shape and out.dtype == inp["q"].dtype))
+                    outs = {}
+                    for k_norm in (("prepass", "inloop") if impl == "fused" else ("prepass",)):
+                        out = run(impl, inp, variant, {"block_sizes": [32, 16], "K_NORM": k_norm})
+                        outs[k_norm] = out
+                        r = T.check(impl, out, inp, 1e-6, variant)
+                        rows.append(dict(dtype=dtype, S=S, variant=variant, impl=impl, k_norm=k_norm, ok=r["ok"],
+                                         err=r["max_abs_err"], tol=r["tol"],
+                                         shape_ok=out.shape == inp["q"].shape and out.dtype == inp["q"].dtype))
+                    if impl == "fused":
+                        diff = (outs["prepass"].float() - outs["inloop"].float()).abs().max().item()
+                        agree.append(dict(dtype=dtype, S=S, variant=variant, diff=diff, tol=r["tol"]))
 nan = []
 for variant in T.VARIANTS:
-    inp = T.make_inputs(40, 3, 2, dtype="fp32", kv_heads=1, head_dim=16, seed=2)
-    clean = run("fused", inp, variant)
-    bad = dict(inp, q=inp["q"].clone(), k=inp["k"].clone())
-    bad["q"][1, 1, 0, 0] = float("nan")
-    bad["k"][1, 0, 39, 0] = float("inf")
-    out = run("fused", bad, variant)
-    nan.append(dict(own=not bool(torch.isfinite(out[1]).all()),
-                    others=bool(torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2]))))
-print(json.dumps({"rows": rows, "nan": nan}))
+    for k_norm in ("prepass", "inloop"):
+        cfg = {"K_NORM": k_norm}
+        inp = T.make_inputs(40, 3, 2, dtype="fp32", kv_heads=1, head_dim=16, seed=2)
+        clean = run("fused", inp, variant, cfg)
+        bad = dict(inp, q=inp["q"].clone(), k=inp["k"].clone())
+        bad["q"][1, 1, 0, 0] = float("nan")
+        bad["k"][1, 0, 39, 0] = float("inf")
+        out = run("fused", bad, variant, cfg)
+        nan.append(dict(k_norm=k_norm, own=not bool(torch.isfinite(out[1]).all()),
+                        others=bool(torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2]))))
+print(json.dumps({"rows": rows, "agree": agree, "nan": nan}))
 """
 
 
@@ -57,8 +68,12 @@ def test_ref_mode_matches_reference():
     res = run_python_json(_REF, env={"HELION_INTERPRET": "1"}, timeout=600)
     bad = [r for r in res["rows"] if not (r["ok"] and r["shape_ok"])]
     assert not bad, bad
-    assert len(res["rows"]) == 3 * 4 * 6
-    assert all(r["own"] and r["others"] for r in res["nan"]), res["nan"]
+    assert len(res["rows"]) == 3 * 4 * 10  # fused: 2 K_NORM modes x 2 o_norm x 2 variants; attention: 2 variants
+    assert len(res["nan"]) == 4 and all(r["own"] and r["others"] for r in res["nan"]), res["nan"]
+    # prepass vs inloop: the same math, within the check's tolerance (fp32: an exact reformulation up to rounding)
+    assert len(res["agree"]) == 3 * 4 * 2 * 2
+    for r in res["agree"]:
+        assert r["diff"] <= r["tol"] and (r["dtype"] != "fp32" or r["diff"] < 1e-4), r
 
 
 def _inputs(S=200, B=2, Hq=4, Hkv=2, D=128):
@@ -71,13 +86,18 @@ def _inputs(S=200, B=2, Hq=4, Hkv=2, D=128):
 @pytest.mark.skipif(IN_REF_MODE, reason="code generation needs Helion's compiler (not ref mode)")
 def test_generated_code_structure():
     q, k, v, qw, kw = _inputs()
-    code = km.triton_code("qknorm_attention", q, k, v, qw, kw, causal=True, config={"block_sizes": [128, 64]})
+    code = km.triton_code("qknorm_attention", q, k, v, qw, kw, causal=True,
+                          config={"block_sizes": [128, 64], "K_NORM": "inloop"})
     assert "tl.minimum(offset_1 + _BLOCK_SIZE_1, 200)" in code  # causal: KV loop ends at the Q tile's end (<= S)
     assert "tl.range(0, tl.cast(tile_end" in code
     assert "div_floor_integer(offset_0, 4)" in code  # GQA: KV head from the (batch x query head) index
     assert code.count("tl.dot(") == 2
     loop = code[code.index("for offset_3"):]
-    assert "rsqrt" in loop  # K normalized inside the KV loop, once per K tile
+    assert "rsqrt" in loop and "tl.load(k_rstd" not in code  # inloop: K normalized inside the KV loop, once per K tile
+    pre = km.triton_code("qknorm_attention", q, k, v, qw, kw, causal=True, config={"block_sizes": [128, 64]})
+    loop = pre[pre.index("for offset_3"):]
+    assert "rsqrt" not in loop and "tl.load(k_rstd" in loop  # prepass: raw K in the dot, rstd_k vector per tile
+    assert "rsqrt" in pre[:pre.index("for offset_3")] and pre.count("tl.dot(") == 2  # the Q norm, once
     plain = km.triton_code("attention", q, k, v, causal=False, config={"block_sizes": [128, 64]})
     assert "rsqrt" not in plain and "tile_end" not in plain
 
@@ -97,13 +117,19 @@ def test_shipped_configs_compile_for_sm90_with_wgmma():
             for causal in (True, False):
                 r = K.compile_sm90(op, *T.compile_inputs(1000, 2, 32, "bf16"), config=c, causal=causal,
                                    o_norm=not causal)
-                out.append(dict(name=name, op=op, wgmma=r["ptx_markers"]["wgmma"], smem_ok=r["smem_ok"]))
+                pre = r.get("k_rstd")
+                out.append(dict(name=name, op=op, wgmma=r["ptx_markers"]["wgmma"], smem_ok=r["smem_ok"],
+                                k_norm=c.get("K_NORM", "prepass"), prepass=pre is not None,
+                                prepass_ok=pre is None or pre["smem_ok"]))
     print(json.dumps(out))
     """
     out = run_python_json(code, timeout=900)
-    assert len(out) == 3 * 4
+    assert len(out) == 4 * 4
+    assert {r["k_norm"] for r in out} == {"prepass", "inloop"}
     for r in out:
         assert r["wgmma"] > 0 and r["smem_ok"], r
+        assert r["prepass"] == (r["op"] == "qknorm_attention" and r["k_norm"] == "prepass"), r
+        assert r["prepass_ok"], r
 
 
 def test_bad_inputs_and_configs():
@@ -118,6 +144,11 @@ def test_bad_inputs_and_configs():
         km.TilingConfig(block_sizes=(128, 48))
     with pytest.raises(ValueError, match="num_warps"):
         km.TilingConfig(num_warps=3)
+    with pytest.raises(ValueError, match="K_NORM"):
+        km.TilingConfig(K_NORM="both")
+    with pytest.raises(ValueError, match="K_NORM"):
+        km.qknorm_attention(q, k, v, qw, kw, causal=True, config={"K_NORM": "in-loop"})
+    assert km.TilingConfig().K_NORM == "prepass"
     if not IN_REF_MODE:
         with pytest.raises(ValueError, match="CUDA"):
             km.qknorm_attention(q, k, v, qw, kw, causal=True)

@@ -1,9 +1,11 @@
 """fna_llm in Triton (kernels_triton/fna_llm.py):
 
 1. semantics under ``TRITON_INTERPRET=1`` (fp16/fp32; odd S, S = 1, GQA, Hq = 3 with Hkv = 1, causal and not,
-   output norm, the unmasked / masked KV-loop split with BLOCK_N < BLOCK_M and BLOCK_N > BLOCK_M), NaN/Inf isolation
-   between batch elements, bad inputs;
-2. sm_90 compile of every shipped config (wgmma present, shared memory within the H200's limit).
+   output norm, the unmasked / masked KV-loop split with BLOCK_N < BLOCK_M and BLOCK_N > BLOCK_M; the fused op in
+   both K_NORM modes, prepass and inloop agreeing), NaN/Inf isolation between batch elements (both K_NORM modes),
+   bad inputs (a bad K_NORM raises ValueError);
+2. sm_90 compile of every shipped config (wgmma present, shared memory within the H200's limit; the rstd_k pre-pass
+   compiled too exactly when K_NORM = prepass).
 """
 
 import json
@@ -30,7 +32,7 @@ CASES = [  # S, B, Hq, Hkv, D, config
     (70, 2, 4, 2, 32, {"BLOCK_M": 32, "BLOCK_N": 16, "TMA": True}),
     (1, 1, 3, 1, 16, {"BLOCK_M": 16, "BLOCK_N": 32, "TMA": True}),
 ]
-rows = []
+rows, agree = [], []
 for dtype in ("fp16", "fp32"):
     for S, B, Hq, Hkv, D, cfg in CASES:
         for o_norm in (False, True):
@@ -39,27 +41,34 @@ for dtype in ("fp16", "fp32"):
                 for impl in T.IMPLS:
                     if impl == "attention" and o_norm:
                         continue
-                    out = run(impl, inp, variant, cfg)
-                    r = T.check(impl, out, inp, 1e-6, variant)
-                    rows.append(dict(dtype=dtype, S=S, Hq=Hq, variant=variant, impl=impl, o_norm=o_norm, ok=r["ok"],
-                                     err=r["max_abs_err"], tol=r["tol"], shape_ok=out.shape == inp["q"].shape
-                                     and out.dtype == inp["q"].dtype))
+                    outs = {}
+                    # the fused op in both K_NORM modes; attention ignores K_NORM (one run, with "inloop")
+                    for k_norm in (("prepass", "inloop") if impl == "fused" else ("inloop",)):
+                        out = run(impl, inp, variant, dict(cfg, K_NORM=k_norm))
+                        outs[k_norm] = out
+                        r = T.check(impl, out, inp, 1e-6, variant)
+                        rows.append(dict(dtype=dtype, S=S, Hq=Hq, variant=variant, impl=impl, o_norm=o_norm,
+                                         k_norm=k_norm, ok=r["ok"], err=r["max_abs_err"], tol=r["tol"],
+                                         shape_ok=out.shape == inp["q"].shape and out.dtype == inp["q"].dtype))
+                    if impl == "fused":  # prepass vs inloop: within the tolerance of the check
+                        diff = (outs["prepass"].float() - outs["inloop"].float()).abs().max().item()
+                        agree.append(dict(dtype=dtype, S=S, variant=variant, o_norm=o_norm, diff=diff, tol=r["tol"]))
 
 # NaN in q, Inf in k, NaN in v of batch element 1: batch 1 non-finite, batches 0 and 2 unchanged
 nan = []
 for variant in T.VARIANTS:
-    for impl in T.IMPLS:
+    for impl, k_norm in (("fused", "prepass"), ("fused", "inloop"), ("attention", "prepass")):
         inp = T.make_inputs(45, 3, 2, dtype="fp32", kv_heads=1, head_dim=16, seed=9)
-        cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "TMA": impl == "fused"}
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "TMA": k_norm == "inloop", "K_NORM": k_norm}
         clean = run(impl, inp, variant, cfg)
         bad = dict(inp, q=inp["q"].clone(), k=inp["k"].clone(), v=inp["v"].clone())
         bad["q"][1, 0, 0, 3] = float("nan")
         bad["k"][1, 0, 44, 2] = float("inf")
         bad["v"][1, 0, 20, 1] = float("nan")
         out = run(impl, bad, variant, cfg)
-        nan.append(dict(variant=variant, impl=impl, own=not bool(torch.isfinite(out[1]).all()),
+        nan.append(dict(variant=variant, impl=impl, k_norm=k_norm, own=not bool(torch.isfinite(out[1]).all()),
                         others=bool(torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2]))))
-print(json.dumps({"rows": rows, "nan": nan}))
+print(json.dumps({"rows": rows, "agree": agree, "nan": nan}))
 """
 
 
@@ -71,7 +80,19 @@ def interp():
 def test_interpreter_matches_reference(interp):
     bad = [r for r in interp["rows"] if not (r["ok"] and r["shape_ok"])]
     assert not bad, bad
-    assert len(interp["rows"]) == 2 * 6 * (2 * 2 + 2)
+    # per dtype and case: fused (2 K_NORM modes) x 2 o_norm x 2 variants + attention x 2 variants
+    assert len(interp["rows"]) == 2 * 6 * (2 * 2 * 2 + 2)
+    assert {r["k_norm"] for r in interp["rows"] if r["impl"] == "fused"} == {"prepass", "inloop"}
+
+
+def test_prepass_and_inloop_agree(interp):
+    """K_NORM = prepass (raw K in the dot, columns scaled by rstd_k, γk folded into Q) and inloop (K normalized per
+    tile) are the same math: their outputs differ by less than the check's tolerance (fp32: ~1e-6)."""
+    assert len(interp["agree"]) == 2 * 6 * 2 * 2
+    for r in interp["agree"]:
+        assert r["diff"] <= r["tol"], r
+        if r["dtype"] == "fp32":
+            assert r["diff"] < 1e-4, r
 
 
 def test_interpreter_fp32_is_tight(interp):
@@ -82,7 +103,7 @@ def test_interpreter_fp32_is_tight(interp):
 
 
 def test_nan_stays_in_its_batch_element(interp):
-    assert len(interp["nan"]) == 4
+    assert len(interp["nan"]) == 6
     for r in interp["nan"]:
         assert r["own"] and r["others"], r
 
@@ -107,6 +128,11 @@ def test_bad_inputs_and_configs():
         K.TilingConfig.from_dict({"BLOCK_K": 64})
     with pytest.raises(ValueError, match="num_stages"):
         K.TilingConfig(num_stages=0)
+    with pytest.raises(ValueError, match="K_NORM"):
+        K.TilingConfig(K_NORM="pre")
+    with pytest.raises(ValueError, match="K_NORM"):
+        K.qknorm_attention(q, k, v, qw, kw, causal=True, config={"K_NORM": None})
+    assert K.TilingConfig().K_NORM == "prepass"
 
 
 _COMPILE = r"""
@@ -122,18 +148,25 @@ for c in cfgs:
     for op in ("qknorm_attention", "attention"):
         for causal in (True, False):
             r = K.compile_sm90(op, *T.compile_inputs(1000, 2, 32, "bf16"), config=c, causal=causal, o_norm=causal)
+            pre = r.get("k_rstd")
             out.append(dict(name=name, op=op, causal=causal, wgmma=r["ptx_markers"]["wgmma"], smem_ok=r["smem_ok"],
-                            num_warps=r["num_warps"], tma=r["ptx_markers"]["tma_load"], want_tma=c.get("TMA", False)))
+                            num_warps=r["num_warps"], tma=r["ptx_markers"]["tma_load"], want_tma=c.get("TMA", False),
+                            k_norm=c.get("K_NORM", "prepass"), prepass=pre is not None,
+                            prepass_ok=pre is None or (pre["smem_ok"] and pre["ptx_markers"]["wgmma"] == 0)))
 print(json.dumps(out))
 """
 
 
 def test_shipped_configs_compile_for_sm90_with_wgmma():
     out = run_python_json(_COMPILE, timeout=600)
-    assert len(out) == 4 * 4
+    assert len(out) == 5 * 4
+    assert {r["k_norm"] for r in out} == {"prepass", "inloop"}
     for r in out:
         assert r["wgmma"] > 0 and r["smem_ok"], r
         assert (r["tma"] > 0) == r["want_tma"], r
+        # the rstd_k pre-pass is launched for the fused op with K_NORM = prepass only (attention ignores K_NORM)
+        assert r["prepass"] == (r["op"] == "qknorm_attention" and r["k_norm"] == "prepass"), r
+        assert r["prepass_ok"], r
 
 
 def test_compile_sm90_rejects_unknown_op():

@@ -2,8 +2,10 @@
 
 1. sm_90a compile (fake driver, no GPU) of every shipped config, both ops, causal and not, with / without the output
    norm: wgmma, TMA loads (device-side descriptors), mbarriers and setmaxnreg in the PTX, shared memory within the
-   H200's limit, the ping-pong named barriers exactly when PINGPONG is on; no register spills beyond a few bytes;
-2. bad inputs and configs;
+   H200's limit, the ping-pong named barriers exactly when PINGPONG is on; the rstd_k pre-pass compiled exactly for
+   the fused op with K_NORM = prepass; no register spills beyond a few bytes (both K_NORM modes); K_NORM = prepass
+   reads no K tile from shared memory into registers (fewer ld.shared than inloop);
+2. bad inputs and configs (a bad K_NORM raises ValueError);
 3. GPU (marker ``gpu``): every shipped config through the sweep worker's check and the NaN isolation check.
 """
 
@@ -43,7 +45,7 @@ def _tlx_entries(path: Path) -> list[dict]:
 
 
 CONFIGS = _tlx_entries(Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
-assert len(CONFIGS) == 3, CONFIGS
+assert len(CONFIGS) == 4 and {c["K_NORM"] for c in CONFIGS} == {"prepass", "inloop"}, CONFIGS
 
 
 def _cfg(c):
@@ -64,17 +66,24 @@ def test_shipped_configs_compile_for_sm90a(entry, op, causal):
     assert r["tensormap_create"]
     assert (r["pingpong_barriers"] > 0) == cfg.get("PINGPONG", True)
     assert r["grid"] == (8, 64, 1)
+    pre = r.get("k_rstd")  # the rstd_k pre-pass: fused op with K_NORM = prepass only (attention ignores K_NORM)
+    assert (pre is not None) == (op == "qknorm_attention" and cfg.get("K_NORM", "prepass") == "prepass"), r
+    if pre is not None:
+        assert pre["smem_ok"] and pre["ptx_markers"]["wgmma"] == 0, pre
 
 
 def test_registers_and_spills():
-    """ptxas -v on the PTX of the default config (both ops): no spills beyond a few words."""
+    """ptxas -v on the PTX of the default config (both ops, both K_NORM modes): no spills beyond a few words; the
+    prepass kernel reads the K tile from shared memory only through wgmma (fewer ld.shared than inloop)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    for norms in (True, False):
+    ld_shared = {}
+    for norms, k_norm in ((True, "prepass"), (True, "inloop"), (False, "prepass")):
         q, k, v, qw, kw = T.compile_inputs(1000, 2, 32, "bf16")
-        _, args, grid, kwd = K._prepare(q, k, v, qw if norms else None, kw if norms else None, None, True, 1e-6,
-                                        None, norms, need_cuda=False)
+        _, args, grid, kwd, _ = K._prepare(q, k, v, qw if norms else None, kw if norms else None, None, True, 1e-6,
+                                           {"K_NORM": k_norm}, norms, need_cuda=False)
         ptx = K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd).asm["ptx"]
+        ld_shared[(norms, k_norm)] = len(re.findall(r"\bld\.shared", ptx))
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp) / "k.ptx"
             src.write_text(ptx)
@@ -83,6 +92,7 @@ def test_registers_and_spills():
         spills = re.search(r"(\d+) bytes spill stores", p.stdout + p.stderr)
         assert p.returncode == 0 and spills, p.stderr[-2000:]
         assert int(spills.group(1)) <= 64, p.stdout + p.stderr
+    assert ld_shared[(True, "prepass")] < ld_shared[(True, "inloop")], ld_shared
 
 
 def test_bad_inputs_and_configs():
@@ -103,6 +113,11 @@ def test_bad_inputs_and_configs():
         K.TilingConfig(BLOCK_N=256)
     with pytest.raises(ValueError, match="NUM_BUFFERS"):
         K.TilingConfig(NUM_BUFFERS=1)
+    with pytest.raises(ValueError, match="K_NORM"):
+        K.TilingConfig(K_NORM="PREPASS")
+    with pytest.raises(ValueError, match="K_NORM"):
+        K.compile_sm90("qknorm_attention", *T.compile_inputs(64, 1, 8, "bf16"), config={"K_NORM": 1})
+    assert K.TilingConfig().K_NORM == "prepass"
     with pytest.raises(ValueError, match="choices"):
         K.compile_sm90("matmul", *T.compile_inputs(64, 1, 8, "bf16"))
 
