@@ -2,37 +2,59 @@ r"""FlashNormAttention, LLM variant, in upstream Triton (3.6, Hopper sm_90): per
 γ, Qwen3 / OLMo2 style) fused into a FlashAttention-2 forward (online softmax, fp32 state, causal or not, GQA),
 with an optional per-head RMSNorm of the output. Math and cost model: ``normfuse/techniques/fna_llm.py``.
 
+Two ways to normalize K (``TilingConfig.K_NORM``), both inside the public ``qknorm_attention`` call:
+
+* ``"prepass"`` (default), the algebraic form
+  ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j · Σ_d (q_i,d γq_d γk_d) k_j,d``:
+  a pre-pass kernel (``_k_rstd_kernel``, ``RSTD_BLOCK_ROWS`` K rows per program) reads K once and writes
+  ``rstd_k = 1 / sqrt(mean_d(k²) + eps)`` in fp32, ``[B, Hkv, S]`` (4 bytes per key, not a normalized copy of K:
+  ~1/64 of K's bytes at D = 128 bf16); the attention kernel normalizes the Q tile with ``γq·γk`` folded in, feeds
+  the *raw* K tile to ``tl.dot`` and multiplies the score columns by ``rstd_k[n] · log2(e)/sqrt(D)`` (a separate
+  ``[BLOCK_N]`` fp32 load per K tile) before the mask and the online softmax;
+* ``"inloop"`` (the previous code path): every K tile ``[BLOCK_N, D]`` of the KV loop is normalized in fp32 as it
+  streams in (row sum of squares, ``* rstd * k_weight``), rounded to the input dtype and fed to ``tl.dot``: redone
+  by each of the ``cdiv(S, BLOCK_M)`` Q tiles that stream it.
+
+``attention`` (no norms) ignores ``K_NORM``.
+
 Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), B * Hq)``):
 
-* the Q tile ``[BLOCK_M, D]`` is loaded once, normalized in fp32 (``rsqrt(mean(q²) + eps) * q_weight``) and
-  rounded to the input dtype: once per Q tile; the scores get ``log2(e) / sqrt(D)`` in fp32 (softmax in base 2);
-* every K tile ``[BLOCK_N, D]`` of the KV loop is normalized in fp32 as it streams in (row sum of squares,
-  ``* rstd * k_weight``), rounded to the input dtype and fed to ``tl.dot``: once per K/V tile load. The loaded
-  tile feeds the reduction and the *normalized copy* feeds the dot (not the raw load), the pattern of the Helion
-  QK-norm attention that is correct on the H200 at ``num_stages=3``; dsl-primer blocker 1 (a raw loaded tile that
-  feeds both a dot and a reduction, miscompiled by the pipeliner) is not this pattern, but the GPU check
-  (``normfuse.gpu_checks``) verifies every shipped config;
+* the Q tile ``[BLOCK_M, D]`` is loaded once, normalized in fp32 (``rsqrt(mean(q²) + eps) * q_weight``, times
+  ``k_weight`` for prepass) and rounded to the input dtype: once per Q tile; the scores get ``log2(e) / sqrt(D)``
+  in fp32 (softmax in base 2);
+* the K tile feeds the dot: raw (prepass; the rstd_k vector is its own load, so no loaded tile feeds both a dot
+  and a reduction: dsl-primer §0 blocker 1 cannot apply) or normalized (inloop: the loaded tile feeds the
+  reduction and the *normalized copy* feeds the dot, the pattern of the Helion QK-norm attention that is correct
+  on the H200 at ``num_stages=3``; the GPU check ``normfuse.gpu_checks`` verifies every shipped config);
 * loads: masked pointer loads, or (``TilingConfig.TMA``) device-side TMA descriptors ``[S, D]`` per (batch,
-  head), whose out-of-range rows read as zeros;
+  head), whose out-of-range rows read as zeros; the rstd_k vector is a masked pointer load (``other=0``: masked
+  columns score 0 before the ``-inf`` mask), pipelined by the compiler (cp.async) like the K/V tiles;
 * the KV loop is split in two: full blocks below the diagonal (causal) or below ``S // BLOCK_N * BLOCK_N`` are
   processed without masks, the rest with the causal / sequence-end mask (FlashAttention tutorial's two stages);
 * epilogue: ``acc / l``, optional output RMSNorm with ``o_weight`` in fp32, masked store.
 
 ``attention`` is the same kernel without any norm (the "same DSL without norms" baseline).
 
-What Triton could not express: the K normalization is redone by each of the ``cdiv(S, BLOCK_M)`` Q tiles that
-stream a K tile (there is no way to share a normalized K tile across CTAs within one launch short of a
-separate pre-pass kernel, which costs a K round trip); no warp specialization or explicit ping-pong of the two
-softmax/GEMM phases on Hopper (that is left to the compiler's pipeliner; TLX has it).
+What Triton could express: the prepass form needs nothing beyond a second plain kernel and a column scale; the
+K tile then goes straight from its (TMA or cp.async) shared-memory buffer to wgmma as in plain attention. What it
+could not: sharing a *normalized* K tile across the CTAs of one launch (hence the pre-pass, one extra read of K,
+~0.3-0.5% of the attention time at S = 4096-16384, B = 8, Hq = 32); warp specialization or an explicit ping-pong
+of the two softmax/GEMM phases on Hopper (left to the compiler's pipeliner; TLX has it).
 
-Numerics: norm statistics, softmax max/sum and the accumulator in fp32. One program reads one (batch, head) and
-masked loads read zeros past the sequence end, so a NaN/Inf in one batch element cannot reach another. Causal mask
+Numerics: norm statistics (rstd_q, rstd_k), softmax max/sum and the accumulator in fp32. Prepass rounds
+``q·rstd_q·γq·γk`` once and never rounds a normalized K (inloop rounds both normalized operands); both are within the
+flash-attention tolerance. One program reads one (batch, head), a pre-pass row reads one K row, and masked loads
+read zeros past the sequence end, so a NaN/Inf in one batch element cannot reach another. Causal mask
 top-left aligned (query i sees keys 0..i). Interpreter (``TRITON_INTERPRET=1``): fp16/fp32 only (bf16 ``tl.dot``
 is wrong there, dsl-primer blocker 5); fp32 uses ``input_precision="ieee"``.
 
 Sources: FlashAttention-2 (https://arxiv.org/abs/2307.08691); Triton's fused-attention tutorial
 (https://triton-lang.org/main/getting-started/tutorials/06-fused-attention.html); the PyTorch blog "Towards
-Free Normalization" (FlashNormAttention). Code written for this repo.
+Free Normalization: Fusing Normalization into GEMM and Attention Kernels" (FlashNormAttention; and its Lazy
+Pre-Norm, the per-row rstd factored out of a GEMM and applied to its output, which the prepass form applies to
+the columns of QKᵀ), https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+FlashNorm (deferred RMS normalization, γ folded into the other operand), https://arxiv.org/abs/2407.09577 .
+Code written for this repo.
 """
 
 from __future__ import annotations
@@ -260,12 +282,14 @@ def _alloc_fn(size: int, align: int, stream):
 def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
                      k_weight: torch.Tensor, *, causal: bool, eps: float = 1e-6, o_weight=None,
                      config=None) -> torch.Tensor:
-    """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo] in one kernel.
+    """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo]: one attention
+    kernel, preceded by the rstd_k pre-pass kernel (fp32 ``[B, Hkv, S]`` scratch) when ``K_NORM = "prepass"``.
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv; D in {16..256}, powers of 2), weights
     ``[D]``, all one dtype (bf16 on the GPU; fp16/fp32 under the interpreter), contiguous. Returns o ``[B, Hq,
     S, D]`` in q's dtype. ``config``: ``TilingConfig`` or mapping. Raises TypeError / ValueError for bad inputs
-    (``normfuse.techniques.fna_llm.check_inputs``) or config, ValueError for CPU tensors outside the interpreter.
+    (``normfuse.techniques.fna_llm.check_inputs``) or config (e.g. ``K_NORM`` not prepass / inloop), ValueError
+    for CPU tensors outside the interpreter.
     """
     o, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
     if pre is not None:  # K_NORM = "prepass": rstd_k first (same stream, so ordered before the attention)
@@ -277,7 +301,7 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
     """The same flash attention without any norm: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (shapes, dtypes and
-    errors as ``qknorm_attention``)."""
+    errors as ``qknorm_attention``; ``K_NORM`` is validated and ignored)."""
     o, args, grid, kw, _ = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
     _fna_llm_fwd[grid](*args, **kw)
     return o
@@ -287,7 +311,8 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
                  causal: bool = True, o_norm: bool = False) -> dict:
     """Compile ``op`` ('qknorm_attention' or 'attention') for sm_90 without launching (needs
     ``normfuse.compile_only.install(90)``, no ``TRITON_INTERPRET``); CPU tensors, never read. Returns
-    ``normfuse.compile_only.summarize``."""
+    ``normfuse.compile_only.summarize`` of the attention kernel, plus ``k_rstd`` (the pre-pass's summary) for
+    'qknorm_attention' with ``K_NORM = "prepass"``."""
     from normfuse.compile_only import summarize
 
     if op not in ("qknorm_attention", "attention"):
