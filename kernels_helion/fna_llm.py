@@ -7,31 +7,51 @@ Written with **2-D tiles** (dsl-primer §B.8): the grid is ``hl.tile([B*Hq, S], 
 ``hl.dot`` on 2-D operands. (Helion's own ``examples/attention.py`` style with 3-D tiles and ``torch.bmm`` fails
 to compile for sm_90, dsl-primer blocker 4.)
 
-* Q tile: loaded once, normalized in fp32 (``rsqrt(mean(q²) + eps) * q_weight``), rounded to the input dtype;
-* K tiles: normalized in fp32 as they stream through the KV loop (once per K/V tile load), rounded, fed to
-  ``hl.dot``; scores scaled by ``log2(e)/sqrt(D)`` in fp32, softmax in base 2;
+Two ways to normalize K (``TilingConfig.K_NORM``), both inside the public ``qknorm_attention`` call:
+
+* ``"prepass"`` (default), the algebraic form
+  ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j · Σ_d (q_i,d γq_d γk_d) k_j,d``: a second Helion
+  kernel (``_k_rstd_kernel``, ``RSTD_CONFIG``) reads K once and writes ``rstd_k = rsqrt(mean_d(k²) + eps)`` in
+  fp32, ``[B*Hkv, S]`` (not a normalized copy of K); the attention kernel folds ``γk`` into the Q normalization,
+  feeds the *raw* K tile to ``hl.dot`` and scales the score columns by ``rstd_k[n] · log2(e)/sqrt(D)`` (a
+  separate ``[BLOCK_N]`` fp32 load per K tile) before the masks and the online softmax. No loaded tile feeds
+  both a dot and a reduction (dsl-primer §0 blocker 1, which Helion's generated code can hit, cannot apply);
+* ``"inloop"`` (the previous code path): K tiles normalized in fp32 as they stream through the KV loop (once per
+  K/V tile load, by every Q tile), rounded, fed to ``hl.dot``.
+
+``attention`` (no norms) ignores ``K_NORM``.
+
+* Q tile: loaded once, normalized in fp32 (``rsqrt(mean(q²) + eps) * q_weight``, times ``k_weight`` for
+  prepass), rounded to the input dtype; scores scaled by ``log2(e)/sqrt(D)`` in fp32, softmax in base 2;
 * causal: the KV loop is ``hl.tile(0, tile_m.end)`` (Helion clamps ``tile_m.end`` to S; blocks above the
   diagonal are never visited) and
   the diagonal block is masked with ``torch.where``; keys past S are masked likewise;
 * epilogue: ``acc / l``, optional output RMSNorm, store.
 
-What Helion could not express: the split of the KV loop into an unmasked part and a masked diagonal part
-(FlashAttention's two stages; the mask is applied on every block, a few % of ALU work); warp specialization /
-ping-pong scheduling of the two softmax halves (Helion generates plain Triton); a K normalization shared by
-the Q tiles (each Q tile renormalizes the K tiles it streams, as in the Triton kernel); TMA loads of the K/V
-tiles (with ``indexing="tensor_descriptor"`` Helion 1.5 turns only the Q load into a TMA load, the loads of the
-KV loop, bounded by the Q tile, stay pointer loads; so the configs use pointer indexing).
+What Helion could express: the prepass form (two ``helion.kernel`` s, a column scale of a 2-D ``hl.dot`` result).
+What it could not: the split of the KV loop into an unmasked part and a masked diagonal part (FlashAttention's
+two stages; the mask is applied on every block, a few % of ALU work); warp specialization / ping-pong scheduling
+of the two softmax halves (Helion generates plain Triton); a normalized K tile shared by the Q tiles of one
+launch (hence the pre-pass, one extra read of K: ~0.3-0.5% of the attention time at the benchmark shapes); TMA
+loads of the K/V tiles (with ``indexing="tensor_descriptor"`` Helion 1.5 turns only the Q load into a TMA load,
+the loads of the KV loop, bounded by the Q tile, stay pointer loads; so the configs use pointer indexing).
 
-Numerics: fp32 statistics, softmax state and accumulator; one program per (batch x head, Q tile), masked key
-columns get ``-inf`` and their V rows are zeroed, so a NaN/Inf in one batch element cannot reach another.
+Numerics: fp32 statistics (rstd_q, rstd_k), softmax state and accumulator; one program per (batch x head, Q tile),
+one rstd_k per K row, masked key columns get ``-inf`` and their V rows are zeroed, so a NaN/Inf in one batch
+element cannot reach another.
 
 Execution modes: GPU (``BoundKernel.compile_config`` of the ``TilingConfig``, cached per shape); CPU ref mode
-(``HELION_INTERPRET=1`` before ``import helion``: eager PyTorch, config validated and ignored); ``compile_sm90``
+(``HELION_INTERPRET=1`` before ``import helion``: eager PyTorch, tiling validated and ignored, ``K_NORM`` still
+selects the code path); ``compile_sm90``
 (CPU tensors, fake sm_90 driver, never launches); ``triton_code``.
 
 Sources: FlashAttention-2 (https://arxiv.org/abs/2307.08691); Helion's attention example,
-https://github.com/pytorch/helion/tree/main/examples ; the PyTorch blog "Towards Free Normalization"
-(FlashNormAttention). Code written for this repo.
+https://github.com/pytorch/helion/tree/main/examples ; the PyTorch blog "Towards Free Normalization: Fusing
+Normalization into GEMM and Attention Kernels" (FlashNormAttention; and its Lazy Pre-Norm, the per-row rstd
+factored out of a GEMM and applied to its output, applied here to the columns of QKᵀ),
+https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+FlashNorm (deferred RMS normalization, γ folded into the other operand), https://arxiv.org/abs/2407.09577 .
+Code written for this repo.
 """
 
 from __future__ import annotations
@@ -227,18 +247,20 @@ def _run(args: tuple, cfg: TilingConfig):
 def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
                      k_weight: torch.Tensor, *, causal: bool, eps: float = 1e-6, o_weight=None,
                      config=None) -> torch.Tensor:
-    """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo] in one kernel.
+    """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo]: one attention
+    kernel, preceded by the rstd_k pre-pass kernel (fp32 ``[B*Hkv, S]`` scratch) when ``K_NORM = "prepass"``.
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv), weights ``[D]``, one dtype (bf16 on the
     GPU), contiguous, CUDA (CPU in ref mode). Returns o ``[B, Hq, S, D]`` in q's dtype. Raises TypeError /
-    ValueError for bad inputs (``normfuse.techniques.fna_llm.check_inputs``) or config, ValueError for CPU
-    tensors outside ref mode.
+    ValueError for bad inputs (``normfuse.techniques.fna_llm.check_inputs``) or config (e.g. ``K_NORM`` not
+    prepass / inloop), ValueError for CPU tensors outside ref mode.
     """
     return _run(*_args(q, k, v, q_weight, k_weight, o_weight, causal, eps, True, config))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
-    """The same kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (as ``qknorm_attention``)."""
+    """The same kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (as ``qknorm_attention``; ``K_NORM``
+    is validated and ignored)."""
     return _run(*_args(q, k, v, None, None, None, causal, 1e-6, False, config))
 
 
