@@ -15,26 +15,47 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
   - Q is normalized once: the warpgroup reads its Q half from shared memory, computes
     ``q' = q * rsqrt(mean(q²) + eps) * q_weight * k_weight`` in fp32 (the K weight is folded into Q:
     ``q_n · k_n = Σ_d (q_n,d γk_d) k_d · rstd_k``), rounds it and keeps it in registers as the wgmma A operand;
-  - per KV tile: issue ``S = q' @ kᵀ`` on the *raw* K tile (wgmma, B from shared memory), and while it runs,
-    compute the K rows' ``rstd_k = rsqrt(mean(k²) + eps)`` from shared memory in 32-column slices (once per K/V
-    tile load per warpgroup); then ``S *= rstd_k`` (a column scale), scale by ``log2(e)/sqrt(D)``, causal /
-    sequence-end mask only on the tiles that need it, online softmax, ``acc += p @ v`` (wgmma, A from registers);
+  - per KV tile: issue ``S = q' @ kᵀ`` on the *raw* K tile (wgmma, B straight from the TMA-loaded shared-memory
+    buffer), get the K rows' ``rstd_k = rsqrt(mean(k²) + eps)`` (see ``K_NORM`` below), then ``S *= rstd_k ·
+    log2(e)/sqrt(D)`` (a column scale), causal / sequence-end mask only on the tiles that need it, online softmax,
+    ``acc += p @ v`` (wgmma, A from registers);
   - ``PINGPONG``: the two warpgroups take turns issuing their QKᵀ wgmma (named barriers 9 / 10, as the
     ping-pong tutorial), so one group's softmax overlaps the other's tensor-core work;
   - epilogue: ``acc / l``, optional output RMSNorm, masked pointer store.
 
-Rounding differs slightly from the unfused path (K is never rounded after normalization; Q carries γk), within the
-flash-attention tolerance.
+``rstd_k`` (``TilingConfig.K_NORM``; the math ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j ·
+Σ_d (q_i,d γq_d γk_d) k_j,d`` is the same for both):
 
-What TLX could not (or this module does not) express: the K normalization is repeated by the two consumer
-warpgroups and by every Q tile (a producer-side normalization into a second shared buffer would need a third
-partition with registers to spare; setmaxnreg leaves the producer ~40); the intra-warpgroup software pipelining
-of the "pipelined ping-pong" tutorial (QKᵀ of tile j+1 overlapping PV of tile j) is not used. fp16/bf16 only
-(wgmma); nothing TLX runs on the CPU, so the CPU check is the sm_90a compile (wgmma, TMA, mbarrier, setmaxnreg).
+* ``"prepass"`` (default): a pre-pass kernel (``_k_rstd_kernel``, inside the public ``qknorm_attention`` call; a
+  plain row reduction, ``RSTD_BLOCK_ROWS`` K rows per program, no TLX extension needed) reads K once and writes
+  ``rstd_k`` in fp32, ``[B, Hkv, S]`` (4 bytes per key, not a normalized copy of K); each consumer loads the
+  tile's ``[BLOCK_N]`` rstd_k vector with a masked pointer load issued at the top of the iteration, before the
+  K-full / ping-pong waits, so its (L2) latency hides behind them and the QKᵀ wgmma. The consumers never read the
+  K tile into registers (the wgmma reads it from shared memory);
+* ``"inloop"`` (the previous code path): while the QKᵀ wgmma runs, each consumer warpgroup computes rstd_k from
+  the K tile in shared memory in 32-column slices (``local_load``, fp32 sum of squares): once per K/V tile load
+  per warpgroup, repeated by both warpgroups and by every Q tile, and competing with the wgmma for shared-memory
+  bandwidth.
+
+``attention`` (no norms) ignores ``K_NORM``. Rounding differs slightly from the unfused path (K is never rounded
+after normalization; Q carries γk), within the flash-attention tolerance.
+
+What TLX could express: both forms; the prepass form keeps the FA3-style pipeline of the plain attention (TMA →
+shared memory → wgmma) and adds one ``[BLOCK_N]`` fp32 load and a column scale per tile. What it could not (or
+this module does not): a normalized K tile shared by the CTAs of one launch (hence the pre-pass, one extra read
+of K: ~0.3-0.5% of the attention time at the benchmark shapes); the intra-warpgroup software pipelining of the
+"pipelined ping-pong" tutorial (QKᵀ of tile j+1 overlapping PV of tile j) is not used; a TMA load of the rstd_k
+vector by the producer (a 1-D descriptor needs 16-byte aligned row strides, i.e. S padded to a multiple of 4).
+fp16/bf16 only (wgmma); nothing TLX runs on the CPU, so the CPU check is the sm_90a compile (wgmma, TMA, mbarrier,
+setmaxnreg).
 
 Sources: FlashAttention-2 (https://arxiv.org/abs/2307.08691), FlashAttention-3 ping-pong scheduling
 (https://arxiv.org/abs/2407.08608); fbtriton TLX Hopper FA tutorials; the PyTorch blog "Towards Free
-Normalization" (FlashNormAttention). Code written for this repo.
+Normalization: Fusing Normalization into GEMM and Attention Kernels" (FlashNormAttention; and its Lazy Pre-Norm,
+the per-row rstd factored out of a GEMM and applied to its output, applied here to the columns of QKᵀ),
+https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
+FlashNorm (deferred RMS normalization, γ folded into the other operand), https://arxiv.org/abs/2407.09577 .
+Code written for this repo.
 """
 
 from __future__ import annotations
@@ -275,12 +296,13 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
                      k_weight: torch.Tensor, *, causal: bool, eps: float = 1e-6, o_weight=None,
                      config=None) -> torch.Tensor:
     """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo] in one
-    warp-specialized kernel.
+    warp-specialized kernel, preceded by the rstd_k pre-pass kernel (fp32 ``[B, Hkv, S]`` scratch) when
+    ``K_NORM = "prepass"``.
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv, D in {64, 128}), weights ``[D]``, one
     dtype (bf16/fp16), contiguous CUDA tensors. Returns o ``[B, Hq, S, D]``. Raises TypeError / ValueError for bad
-    inputs (``normfuse.techniques.fna_llm.check_inputs`` plus the dtype / D limits above) or config, ValueError for
-    CPU tensors.
+    inputs (``normfuse.techniques.fna_llm.check_inputs`` plus the dtype / D limits above) or config (e.g. ``K_NORM``
+    not prepass / inloop), ValueError for CPU tensors.
     """
     o, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
     if pre is not None:  # K_NORM = "prepass": rstd_k first (same stream, so ordered before the attention)
@@ -292,7 +314,8 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
-    """The same warp-specialized kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v``."""
+    """The same warp-specialized kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (``K_NORM`` is
+    validated and ignored)."""
     o, args, grid, kw, _ = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
     triton.set_allocator(_alloc_fn)
     _fna_llm_ws_kernel[grid](*args, **kw)

@@ -9,8 +9,18 @@ Math (fp32 statistics and softmax state; output in the input dtype)::
     o   = RMSNorm_D(o) * o_weight          (only when o_weight is given)
 
 RMSNorm(x) = x * rsqrt(mean(x²) + eps). The causal mask is top-left aligned (query i sees keys 0..i; S_q = S_k).
-The fused kernels normalize Q once per Q tile and K once per K/V tile as it streams through the KV loop (so K is
-renormalized by every Q tile that reads it: a K-norm pre-pass would do it once but costs a round trip of K).
+The fused kernels normalize Q once per Q tile. K, by the tiling option ``K_NORM`` of every DSL:
+
+* ``prepass`` (default): the per-row rstd factors out of the score,
+  ``q_n,i · k_n,j = rstd_q,i · rstd_k,j · Σ_d (q_i,d γq_d γk_d) k_j,d``; a small pre-pass kernel reads K once and
+  writes ``rstd_k [B, Hkv, S]`` in fp32 (4 bytes per key, not a normalized copy of K), the attention kernel folds
+  γk into the normalized Q tile, feeds the raw K tile to the QKᵀ dot and scales the score columns by rstd_k
+  (this is Lazy Pre-Norm's / FlashNorm's deferred normalization applied to QKᵀ);
+* ``inloop``: K is normalized once per K/V tile as it streams through the KV loop, i.e. renormalized by every Q
+  tile that reads it.
+
+Both launches are inside the timed ``qknorm_attention`` call; the pre-pass's extra read of K (and the rstd_k
+write / reads) is not counted in ``bytes_moved`` (the fewest bytes of the op). ``attention`` ignores ``K_NORM``.
 
 Shape mapping onto the sweep's integers (documented here because ``normfuse.shapes`` only knows M, N, K):
 ``M = S`` (sequence length, queries = keys), ``N = B`` (batch), ``K = Hq`` (query heads). The number of KV heads
