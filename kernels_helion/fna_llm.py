@@ -32,7 +32,7 @@ What Helion could express: the prepass form (two ``helion.kernel`` s, a column s
 What it could not: the split of the KV loop into an unmasked part and a masked diagonal part (FlashAttention's
 two stages; the mask is applied on every block, a few % of ALU work); warp specialization / ping-pong scheduling
 of the two softmax halves (Helion generates plain Triton); a normalized K tile shared by the Q tiles of one
-launch (hence the pre-pass, one extra read of K: ~0.3-0.5% of the attention time at the benchmark shapes); TMA
+launch (hence the pre-pass, one extra read of K: ~0.1-1% of the attention time at the benchmark shapes); TMA
 loads of the K/V tiles (with ``indexing="tensor_descriptor"`` Helion 1.5 turns only the Q load into a TMA load,
 the loads of the KV loop, bounded by the Q tile, stay pointer loads; so the configs use pointer indexing).
 

@@ -43,7 +43,7 @@ after normalization; Q carries γk), within the flash-attention tolerance.
 What TLX could express: both forms; the prepass form keeps the FA3-style pipeline of the plain attention (TMA →
 shared memory → wgmma) and adds one ``[BLOCK_N]`` fp32 load and a column scale per tile. What it could not (or
 this module does not): a normalized K tile shared by the CTAs of one launch (hence the pre-pass, one extra read
-of K: ~0.3-0.5% of the attention time at the benchmark shapes); the intra-warpgroup software pipelining of the
+of K: ~0.1-1% of the attention time at the benchmark shapes); the intra-warpgroup software pipelining of the
 "pipelined ping-pong" tutorial (QKᵀ of tile j+1 overlapping PV of tile j) is not used; a TMA load of the rstd_k
 vector by the producer (a 1-D descriptor needs 16-byte aligned row strides, i.e. S padded to a multiple of 4).
 fp16/bf16 only (wgmma); nothing TLX runs on the CPU, so the CPU check is the sm_90a compile (wgmma, TMA, mbarrier,

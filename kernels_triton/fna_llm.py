@@ -37,9 +37,10 @@ Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), 
 
 What Triton could express: the prepass form needs nothing beyond a second plain kernel and a column scale; the
 K tile then goes straight from its (TMA or cp.async) shared-memory buffer to wgmma as in plain attention. What it
-could not: sharing a *normalized* K tile across the CTAs of one launch (hence the pre-pass, one extra read of K,
-~0.3-0.5% of the attention time at S = 4096-16384, B = 8, Hq = 32); warp specialization or an explicit ping-pong
-of the two softmax/GEMM phases on Hopper (left to the compiler's pipeliner; TLX has it).
+could not: sharing a *normalized* K tile across the CTAs of one launch (hence the pre-pass, one extra read of K:
+~0.1% (S = 16384, non-causal) to ~1% (S = 4096, causal) of the attention time at B = 8, Hq = 32); warp
+specialization or an explicit ping-pong of the two softmax/GEMM phases on Hopper (left to the compiler's
+pipeliner; TLX has it).
 
 Numerics: norm statistics (rstd_q, rstd_k), softmax max/sum and the accumulator in fp32. Prepass rounds
 ``q·rstd_q·γq·γk`` once and never rounds a normalized K (inloop rounds both normalized operands); both are within the
