@@ -24,7 +24,9 @@ PTX_MARKERS = {
 
 
 def install(arch: int = 90) -> None:
-    """Activate a fake CUDA driver targeting ``sm_<arch>`` for the rest of this process."""
+    """Activate a fake CUDA driver targeting ``sm_<arch>`` for the rest of this process. Never at the import of a
+    test module that shares its process with GPU tests (they would launch through the fake driver): call it in a
+    subprocess script or only when ``torch.cuda.is_available()`` is False (tests/test_compile_only_hygiene.py)."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget

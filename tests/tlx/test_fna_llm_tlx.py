@@ -19,7 +19,12 @@ import torch
 
 from normfuse import compile_only
 
-compile_only.install(90)
+# the fake sm_90 driver replaces the real one for the whole pytest process, so it is installed only where there is
+# no GPU: installed unconditionally it broke every TLX GPU test collected after this module (they ran against the
+# fake driver: "'_CompileOnlyDriver' object has no attribute 'launcher_cls'"); on a GPU host the compile tests
+# below target the real H200 (sm_90) instead
+if not torch.cuda.is_available():
+    compile_only.install(90)
 
 from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
