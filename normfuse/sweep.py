@@ -185,6 +185,7 @@ def run(cfg: dict) -> Path:
             raise ValueError(f"debug.inject entries look like 'crash@<pattern>' or 'hang@<pattern>', got {spec!r}")
         inject[pattern] = what
     calibration = meta.get("calibration")
+    completed, measured = False, 0
     try:
         if run_mode == "gpu" and cfg.get("calibrate", True) and not calibration and todo:
             try:
@@ -216,23 +217,31 @@ def run(cfg: dict) -> Path:
                             "power_limit_w": gpu_before.get("power_limit_w"), **git,
                             "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
                 store.append(row)
+                measured += 1
                 prog.advance(task)
+        completed = True
     finally:
         pool.close()
-    gpu_after = hardware.read_gpu()
-    meta.update({"run_id": run_id, "experiment": cfg["experiment_name"], "mode": run_mode,
-                 "created": meta.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "hardware_config": cfg["hardware"], "hardware_before": gpu_before, "hardware_after": gpu_after,
-                 "hardware_mismatches": sorted(set(meta.get("hardware_mismatches", [])) | set(mismatches)),
-                 "versions": versions, "calibration": calibration, **git, "config": cfg,
-                 "invocations": meta.get("invocations", []) + [{
-                     "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git["git_sha"],
-                     "dsls": list(cfg.get("dsls") or {}), "shape": cfg["shape"].get("name"),
-                     "tiling": sorted(cfg.get("tiling") or {}), "points": len(points), "measured": len(todo)}],
-                 "timing_note": f"p50 of normfuse.timing.bench, method {cfg['timing']['method']}" if run_mode == "gpu"
-                 else "CPU mode: correctness only, no timings"})
-    meta_path.write_text(json.dumps(meta, indent=2, default=str))
+        # meta.json also when the sweep is interrupted (Ctrl-C, a time budget): the rows already measured keep
+        # their hardware, versions and calibration
+        gpu_after = hardware.read_gpu()
+        meta.update({"run_id": run_id, "experiment": cfg["experiment_name"], "mode": run_mode,
+                     "created": meta.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                     "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                     "hardware_config": cfg["hardware"], "hardware_before": gpu_before, "hardware_after": gpu_after,
+                     "hardware_mismatches": sorted(set(meta.get("hardware_mismatches", [])) | set(mismatches)),
+                     "versions": versions, "calibration": calibration, **git, "config": cfg,
+                     "invocations": meta.get("invocations", []) + [{
+                         "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git["git_sha"],
+                         "dsls": list(cfg.get("dsls") or {}), "shape": cfg["shape"].get("name"),
+                         "tiling": sorted(cfg.get("tiling") or {}), "points": len(points), "measured": measured}],
+                     "timing_note": f"p50 of normfuse.timing.bench, method {cfg['timing']['method']}" if run_mode == "gpu"
+                     else "CPU mode: correctness only, no timings"})
+        if not completed:
+            meta["interrupted"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        else:
+            meta.pop("interrupted", None)
+        meta_path.write_text(json.dumps(meta, indent=2, default=str))
     finalize(run_dir, console=console)
     return run_dir
 

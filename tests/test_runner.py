@@ -61,3 +61,30 @@ def test_norms_smoke_end_to_end(repo_root, subprocess_env, tmp_path):
     assert set(df["status"]) <= {"ok", "compile_only"}, df[["dsl", "config_name", "status", "error"]]
     assert (df[df.dsl == "tlx"]["status"] == "compile_only").all()
     assert df["K"].isna().all()
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_writes_meta(repo_root, subprocess_env, tmp_path):
+    """Ctrl-C (or a time budget's SIGINT) in the middle of a sweep: the rows measured so far stay, meta.json is
+    written and says ``interrupted``, and the exit code is non-zero with a resume hint."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "experiments.run", "experiment=smoke", f"results_dir={tmp_path}", "run_id=t",
+           "hydra.run.dir=" + str(tmp_path / "hydra"), "dsl=[triton]", "baselines=[cublas]",
+           "shape.points=[{M: 64, N: 64, K: 64}]", "point_timeout_s=120",
+           "debug.inject=['hang@triton/fused/b32-reload/64x64x64']"]
+    p = subprocess.Popen(cmd, cwd=repo_root, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    rows = tmp_path / "smoke" / "t" / "results.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (rows.exists() and rows.read_text().strip()):
+        time.sleep(0.5)
+    time.sleep(2.0)  # now inside the injected hang of the next point
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert "resume" in (out + err)
+    meta = json.loads((tmp_path / "smoke" / "t" / "meta.json").read_text())
+    assert meta.get("interrupted") and meta["invocations"][-1]["measured"] >= 1
+    assert len(rows.read_text().splitlines()) >= 1
