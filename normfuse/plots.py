@@ -42,9 +42,11 @@ def _grid(values: dict, Ks, Ns) -> pd.DataFrame:
 
 
 def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "",
-                   blog_label: str = BLOG_LABEL, suffix: str = "", metric: str = "hidden_dsl") -> list[Path]:
-    """Heatmaps of 100·hidden_dsl per DSL over (K rows, N columns); ``blog`` maps (K, N) -> % (B200), drawn as the
-    last panel titled ``blog_label``. Written as ``hidden_heatmap<suffix>.png|pdf``."""
+                   blog_label: str = BLOG_LABEL, suffix: str = "", metric: str = "hidden_dsl",
+                   what: str = "% of norm latency hidden", row_label: str = "K", col_label: str = "N") -> list[Path]:
+    """Heatmaps of 100·``metric`` per DSL over (K rows, N columns; a caller plotting other axes puts them in the K
+    and N columns and names them ``row_label`` / ``col_label``); ``blog`` maps (K, N) -> % (B200), drawn as the last
+    panel titled ``blog_label``; ``what`` names the metric in the title. Written as ``hidden_heatmap<suffix>``."""
     dsls = [d for d in DSL_ORDER if d in set(best["dsl"])]
     Ks = sorted(set(best["K"]) | {k for k, _ in (blog or {})})
     Ns = sorted(set(best["N"]) | {n for _, n in (blog or {})})
@@ -57,25 +59,27 @@ def hidden_heatmap(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: 
         sns.heatmap(grid, ax=ax, annot=True, fmt=".1f", cmap="RdYlGn", vmin=-50, vmax=100, cbar=False,
                     linewidths=0.5, annot_kws={"size": 9})
         ax.set_title(panel)
-        ax.set_xlabel("N")
-        ax.set_ylabel("K")
-    fig.suptitle(f"{title}: % of norm latency hidden" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+        ax.set_xlabel(col_label)
+        ax.set_ylabel(row_label)
+    fig.suptitle(f"{title}: {what}" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
     return _save(fig, out_dir, f"hidden_heatmap{suffix}")
 
 
 def hidden_bars(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str, subtitle: str = "",
                 suffix: str = "", metric: str = "hidden_dsl", naive: dict | None = None,
-                naive_label: str = "naive fusion") -> list[Path]:
+                naive_label: str = "naive fusion", what: str = "% of norm latency hidden", row_label: str = "K",
+                col_label: str = "N") -> list[Path]:
     """Grouped bars: one group per (K, N), one bar per DSL (100·``metric``), the blog's B200 value as a marker and,
     when given, ``naive`` {(K, N): %} (the best naive-fusion form of the same sweep) as a second marker.
     Written as ``hidden_bars<suffix>.png|pdf``."""
     d = best.copy()
-    d["cell"] = [f"K={r.K}\nN={r.N}" for r in d.itertuples()]
+    d["cell"] = [f"{row_label}={r.K}\n{col_label}={r.N}" for r in d.itertuples()]
     d["hidden %"] = 100 * d[metric]
-    order = [f"K={k}\nN={n}" for k, n in sorted({(r.K, r.N) for r in d.itertuples()})]
+    order = [f"{row_label}={k}\n{col_label}={n}" for k, n in sorted({(r.K, r.N) for r in d.itertuples()})]
     dsls = [x for x in DSL_ORDER if x in set(d["dsl"])]
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(order)), 3.8))
-    sns.barplot(data=d, x="cell", y="hidden %", hue="dsl", order=order, hue_order=dsls, palette=PALETTE, ax=ax)
+    sns.barplot(data=d, x="cell", y="hidden %", hue="dsl", order=order, hue_order=dsls, palette=PALETTE, ax=ax,
+                errorbar=None)  # one best value per cell and DSL: no (random bootstrap) error bars
     if blog:
         xs = [i for i, c in enumerate(order) if _cell_key(c) in blog]
         ax.scatter(xs, [blog[_cell_key(order[i])] for i in xs], marker="_", s=900, color="black", zorder=5,
@@ -86,8 +90,9 @@ def hidden_bars(best: pd.DataFrame, blog: dict | None, out_dir: Path, title: str
                    label=naive_label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("")
+    ax.set_ylabel(f"{metric} %")
     ax.legend(fontsize=8, ncol=4)
-    ax.set_title(f"{title}: % of norm latency hidden" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    ax.set_title(f"{title}: {what}" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
     return _save(fig, out_dir, f"hidden_bars{suffix}")
 
 

@@ -76,17 +76,25 @@ def make_plots(df: pd.DataFrame, run_dir: Path, mode: str, meta: dict) -> list[P
     label = getattr(spec, "BLOG_LABEL", None) or plots.BLOG_LABEL
     variants = _variants(best)
     paths = []
+    rows, cols = getattr(spec, "GRID_AXES", ("K", "N"))  # the sweep dimensions the figures are drawn over
+    names = getattr(spec, "DIM_LABELS", {})
+    axes = dict(what=getattr(spec, "METRIC_LABEL", "% of norm latency hidden"), row_label=names.get(rows, rows),
+                col_label=names.get(cols, cols))
     for variant in variants:  # one pair of figures per variant (file suffix _<variant> when there are several)
         b = _of_variant(best, variant)
-        blog = _blog(df, variant) if set(b["M"]) == {262144} else None
-        t, suffix = (title, "") if len(variants) == 1 else (f"{title} ({variant})", f"_{variant}")
         metric = getattr(spec, "PRIMARY_METRIC", "hidden_dsl")  # naive fusion: hidden_best (DSL GEMMs are weak)
+        if metric == "saving":  # e.g. FlashNormAttention: the blog's savings, keyed like the grid axes
+            blog = getattr(spec, "BLOG_SAVING_B200", None)
+        else:
+            blog = _blog(df, variant) if set(b["M"]) == {262144} else None
+        b = b.assign(K=b[rows], N=b[cols])
+        t, suffix = (title, "") if len(variants) == 1 else (f"{title} ({variant})", f"_{variant}")
         if metric != "hidden_dsl":
             t = f"{t} [{metric}]"
-        paths += plots.hidden_heatmap(b, blog, out, t, sub, blog_label=label, suffix=suffix, metric=metric)
+        paths += plots.hidden_heatmap(b, blog, out, t, sub, blog_label=label, suffix=suffix, metric=metric, **axes)
         naive = _naive(_of_variant(df, variant), spec, metric)
         paths += plots.hidden_bars(b, blog, out, t, sub, suffix=suffix, metric=metric, naive=naive,
-                                   naive_label=getattr(spec, "NAIVE_LABEL", "naive fusion"))
+                                   naive_label=getattr(spec, "NAIVE_LABEL", "naive fusion"), **axes)
     blogs = {v: _blog(df, v) for v in variants} if set(best["M"]) == {262144} else None
     return paths + plots.cluster_sweep(df, out, title, sub, blog=blogs)  # [] unless configs have CLUSTER_SIZE
 

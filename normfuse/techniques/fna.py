@@ -59,6 +59,9 @@ IMPLS = ("fused",)
 BASELINES = ("torch_compile_gdpa", "torch_eager_gdpa")
 KERNEL_FUNCTIONS = {"gdpa": "gdpa"}
 PRIMARY_METRIC = "saving"
+METRIC_LABEL = "% latency saving vs the torch.compile module"  # report / figure wording
+GRID_AXES = ("M", "N")  # figures over (max Q length, H): K = D is fixed in the blog grid
+DIM_LABELS = {"M": "max_len", "N": "H", "K": "D"}
 SAVING_BASELINE = "torch_compile_gdpa"  # normfuse.metrics.add_saving: saving relative to this baseline
 BATCH = 768   # the blog's batch (default of the `batch` option)
 KV_LEN = 128  # the blog's K/V length (default of the `kv_len` option)
