@@ -54,21 +54,34 @@ from normfuse.tiling import TilingConfigBase
 
 FUNCTIONS = ("gdpa",)
 BLOCK_M = 64  # one consumer warpgroup: wgmma m64
+CLUSTER_HEADS = (2, 3, 4, 5, 6, 7, 8)  # H with CLUSTER=True: clusters of 2..8 CTAs (Hopper's portable limit)
 
 
 @dataclass(frozen=True)
 class TilingConfig(TilingConfigBase):
     """``NUM_BUFFERS`` K/V ring depth (1..3, each slot holds K_h and V_h: ``2 * Lkv * D * 2`` bytes),
-    ``CONSUMER_REGS`` (setmaxnreg of the consumer warpgroup: 152..240, multiple of 8)."""
+    ``CONSUMER_REGS`` (setmaxnreg of the consumer warpgroup: 152..240, multiple of 8), ``CLUSTER`` (False: one CTA
+    per Q tile over all H heads; True: a cluster of H CTAs per Q tile, one head each, the norms' per-token partial
+    sums exchanged through DSMEM -- see the module docstring). ``CLUSTER=True`` holds one head per CTA, so it needs
+    ``NUM_BUFFERS=1`` (one K/V slot); it has no warp specialization (one 4-warp warpgroup, up to 255 registers per
+    thread), so ``CONSUMER_REGS`` is not used there. Which H a cluster can serve is checked per input
+    (``CLUSTER_HEADS``)."""
 
     NUM_BUFFERS: int = 2
     CONSUMER_REGS: int = 232
+    CLUSTER: bool = False
 
     def __post_init__(self):
+        errors = self.field_type_errors()
+        if errors:
+            raise ValueError("invalid TilingConfig: " + "; ".join(errors))
         if not 1 <= self.NUM_BUFFERS <= 3:
             raise ValueError(f"NUM_BUFFERS must be in 1..3, got {self.NUM_BUFFERS}")
         if self.CONSUMER_REGS % 8 or not 152 <= self.CONSUMER_REGS <= 240:
             raise ValueError(f"CONSUMER_REGS must be a multiple of 8 in [152, 240], got {self.CONSUMER_REGS}")
+        if self.CLUSTER and self.NUM_BUFFERS != 1:
+            raise ValueError(f"CLUSTER=True holds one head per CTA (one K/V slot): NUM_BUFFERS must be 1, got "
+                             f"{self.NUM_BUFFERS}")
 
 
 @triton.jit
@@ -143,7 +156,97 @@ def _fna_gdpa_tlx_kernel(q_ptr, k_desc, v_desc, off_ptr, out_ptr, eps,
                     tl.store(o_rows + h * D, (r * rstd_rms[:, None] + x).to(dt), mask=rmask[:, None])
 
 
+@triton.jit
+def _fna_gdpa_cluster_kernel(q_ptr, k_desc, v_desc, off_ptr, out_ptr, eps,
+                             H: tl.constexpr, D: tl.constexpr, LKV: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Grid ``(cdiv(max_len, BLOCK_M) * H, B)``, clusters ``(H, 1, 1)``: cluster (pid_m, b) owns Q tile pid_m of
+    sequence b, its CTA of rank h (``cluster_cta_rank``) owns head h. See the module docstring."""
+    dt: tl.constexpr = tlx.dtype_of(k_desc)
+    HD: tl.constexpr = H * D
+    k_buf = tlx.local_alloc((LKV, D), dt, 1)
+    v_buf = tlx.local_alloc((LKV, D), dt, 1)
+    kv_bar = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+    # slot r receives rank r's per-token partial: [0, H) sum of q_h, [H, 2H) centred sum of squares of q_h,
+    # [2H, 3H) sum of r_h^2. Each slot and each receive barrier is used once (one Q tile per cluster).
+    slots = tlx.local_alloc((BLOCK_M, ), tl.float32, 3 * H)
+    recv = tlx.alloc_barriers(num_barriers=2, arrive_count=1)  # [0]: LayerNorm partials, [1]: RMSNorm partials
+    pid_m = tl.program_id(0) // H
+    b = tl.program_id(1)
+    start = tl.load(off_ptr + b).to(tl.int64)
+    length = tl.load(off_ptr + b + 1).to(tl.int64) - start
+    m0 = pid_m * BLOCK_M
+    # Every CTA of a cluster has the same (pid_m, b), hence takes the same early-exit decision: no CTA waits for
+    # bytes or a cluster barrier from a peer that left.
+    if m0 < length:
+        h = tlx.cluster_cta_rank()
+        # K_h, V_h by TMA: in flight during the LayerNorm statistics and their exchange
+        tlx.barrier_expect_bytes(kv_bar[0], 2 * LKV * D * tlx.size_of(dt))
+        tlx.async_descriptor_load(k_desc, k_buf[0], [b * LKV, h * D], kv_bar[0])
+        tlx.async_descriptor_load(v_desc, v_buf[0], [b * LKV, h * D], kv_bar[0])
+        # arm both receive barriers (their only arrival; each phase completes when the H - 1 peers' bytes landed)
+        tlx.barrier_expect_bytes(recv[0], 2 * BLOCK_M * 4 * (H - 1))
+        tlx.barrier_expect_bytes(recv[1], BLOCK_M * 4 * (H - 1))
+        tlx.fence_mbarrier_init_cluster()
+        tlx.cluster_barrier()  # every CTA's barriers initialized and armed before any remote store
+        rows = m0 + tl.arange(0, BLOCK_M)
+        rmask = rows < length
+        tok = start + rows
+        d = tl.arange(0, D)
+        # per-row base offsets only: a [BLOCK_M, D] tensor of 64-bit pointers kept live across the dots would
+        # cost 2 registers per element (ptxas spills)
+        q_row = tok * HD + h * D
+        # (1) LayerNorm over H*D: per-token (sum, centred M2) of this head's D features, exchanged, merged in rank
+        # order with Chan's formula (every CTA adds the same fp32 values in the same order: bitwise identical)
+        x = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+        s_h = tl.sum(x, axis=1)
+        xc = x - (s_h / D)[:, None]
+        m2_h = tl.sum(xc * xc, axis=1)
+        tlx.local_store(slots[h], s_h)
+        tlx.local_store(slots[H + h], m2_h)
+        for p in tl.static_range(H):
+            if p != h:
+                tlx.async_remote_shmem_store(dst=slots[h], src=s_h, remote_cta_rank=p, barrier=recv[0])
+                tlx.async_remote_shmem_store(dst=slots[H + h], src=m2_h, remote_cta_rank=p, barrier=recv[0])
+        tlx.barrier_wait(recv[0], 0)
+        total = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for r in tl.static_range(H):
+            total += tlx.local_load(slots[r])
+        mean = total / HD
+        m2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for r in tl.static_range(H):
+            dm = tlx.local_load(slots[r]) / D - mean
+            m2 += tlx.local_load(slots[H + r]) + D * dm * dm
+        rstd_ln = tl.math.rsqrt(m2 / HD + eps)
+        ln = (x - mean[:, None]) * rstd_ln[:, None]
+        # (2) this head's gated attention: S = ln_q_h K_h^T, P = gelu_tanh(S), g_h = P V_h (wgmma)
+        tlx.barrier_wait(kv_bar[0], 0)
+        s = tlx.async_dot(ln.to(dt), tlx.local_trans(k_buf[0]))
+        s = tlx.async_dot_wait(0, s)
+        p_att = _gelu_tanh(s).to(dt)
+        g = tlx.async_dot(p_att, v_buf[0])
+        g = tlx.async_dot_wait(0, g)
+        # (3) residual, RMSNorm over H*D (per-token sum of r_h^2 exchanged the same way), second residual. q_h is
+        # re-read (L2 hit) and ln_q_h recomputed (same fp32 operations: the same values): keeping ln_q_h live
+        # across both dots costs 64 registers per thread and makes ptxas spill.
+        x = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+        r_h = g + (x - mean[:, None]) * rstd_ln[:, None]
+        ss_h = tl.sum(r_h * r_h, axis=1)
+        tlx.local_store(slots[2 * H + h], ss_h)
+        for p in tl.static_range(H):
+            if p != h:
+                tlx.async_remote_shmem_store(dst=slots[2 * H + h], src=ss_h, remote_cta_rank=p, barrier=recv[1])
+        tlx.barrier_wait(recv[1], 0)
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for r in tl.static_range(H):
+            ss += tlx.local_load(slots[2 * H + r])
+        rstd_rms = tl.math.rsqrt(ss / HD + eps)
+        tl.store(out_ptr + q_row[:, None] + d[None, :], (r_h * rstd_rms[:, None] + x).to(dt), mask=rmask[:, None])
+        # exit rendezvous: no CTA leaves while a peer may still store into its shared memory
+        tlx.cluster_barrier()
+
+
 def _prepare(q, k, v, q_offsets, max_len, eps, config):
+    """Validate; return ``(out, kernel, args, grid, meta)``."""
     cfg = TilingConfig.from_dict(config)
     total_q, B, H, D, Lkv = spec.check_inputs(q, k, v, q_offsets, max_len, eps)
     if q.dtype == torch.float32:
@@ -151,17 +254,25 @@ def _prepare(q, k, v, q_offsets, max_len, eps, config):
     if D & (D - 1) or D > 128 or Lkv & (Lkv - 1) or Lkv > 256:
         raise ValueError(f"D = {D} must be a power of two <= 128 and Lkv = {Lkv} a power of two <= 256 "
                          "(TMA boxes, one warpgroup's registers)")
-    smem = cfg.NUM_BUFFERS * 2 * Lkv * D * q.element_size()
+    if cfg.CLUSTER and H not in CLUSTER_HEADS:
+        raise ValueError(f"CLUSTER=True launches a cluster of H CTAs (one per head), H = {H} is not supported: H "
+                         f"must be in {CLUSTER_HEADS[0]}..{CLUSTER_HEADS[-1]} (8 = Hopper's portable cluster-size "
+                         "limit; H = 1 needs no cluster: use CLUSTER=False)")
+    smem = (1 if cfg.CLUSTER else cfg.NUM_BUFFERS) * 2 * Lkv * D * q.element_size()
     if smem > 200 * 1024:
         raise ValueError(f"the K/V ring needs {smem} B of shared memory (> 200 KiB); use fewer NUM_BUFFERS")
     out = torch.empty_like(q)
     k_desc = TensorDescriptor.from_tensor(k.view(B * Lkv, H * D), [Lkv, D])
     v_desc = TensorDescriptor.from_tensor(v.view(B * Lkv, H * D), [Lkv, D])
-    grid = (triton.cdiv(max_len, BLOCK_M), B)
     args = (q, k_desc, v_desc, q_offsets, out, float(eps))
+    if cfg.CLUSTER:
+        grid = (triton.cdiv(max_len, BLOCK_M) * H, B)
+        meta = dict(H=H, D=D, LKV=Lkv, BLOCK_M=BLOCK_M, num_warps=4, num_stages=1, ctas_per_cga=(H, 1, 1))
+        return out, _fna_gdpa_cluster_kernel, args, grid, meta
+    grid = (triton.cdiv(max_len, BLOCK_M), B)
     meta = dict(H=H, D=D, LKV=Lkv, BLOCK_M=BLOCK_M, NUM_BUFFERS=cfg.NUM_BUFFERS, CONSUMER_REGS=cfg.CONSUMER_REGS,
                 num_warps=4, num_stages=1)
-    return out, args, grid, meta
+    return out, _fna_gdpa_tlx_kernel, args, grid, meta
 
 
 def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, max_len: int, *,
@@ -171,9 +282,9 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     ``q [total_q, H, D]`` jagged with ``q_offsets [B+1]`` (int32/int64; lengths in [0, max_len]), ``k, v
     [B, Lkv, H, D]``, bf16/fp16 CUDA tensors; D a power of two <= 128, Lkv a power of two <= 256. Returns ``out``
     like q. Raises TypeError/ValueError for invalid inputs or config."""
-    out, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    out, kernel, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
     if out.numel():
-        _fna_gdpa_tlx_kernel[grid](*args, **meta)
+        kernel[grid](*args, **meta)
     return out
 
 
@@ -189,5 +300,5 @@ def compile_sm90_kernel(op, q, k, v, q_offsets, max_len, *, eps: float = 1e-5, c
     """As ``compile_sm90`` but returns Triton's ``CompiledKernel``."""
     if op not in FUNCTIONS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(FUNCTIONS)}")
-    _, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
-    return _fna_gdpa_tlx_kernel.warmup(*args, grid=grid, **meta)
+    _, kernel, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    return kernel.warmup(*args, grid=grid, **meta)
