@@ -1,5 +1,7 @@
 r"""FlashNormAttention ``gdpa`` (the blog's module) in TLX (fbtriton 3.7.4, Hopper sm_90): LayerNorm prologue,
-GELU-gated attention without softmax, residual, RMSNorm and a second residual in ONE warp-specialized kernel.
+GELU-gated attention without softmax, residual, RMSNorm and a second residual in ONE kernel: warp-specialized,
+one CTA per Q tile (default), or a cluster of H CTAs, one per head, exchanging partial sums through DSMEM
+(``CLUSTER=True``).
 
 Math (spec: ``normfuse.techniques.fna``), per token t of sequence b::
 
@@ -20,23 +22,62 @@ the blog's design; the norms reduce CTA-locally), warp-specialized as in TLX's H
   and writes ``r_h * rstd + q_h``.
 
 Tiles that start past their sequence's end do nothing in either task (the same condition in both, so no barrier
-is left waiting). Per-token statistics: a NaN/Inf in one sequence never reaches another.
+is left waiting). Per-token statistics: a NaN/Inf in one sequence never reaches another. Not done in this
+single-CTA kernel: the blog's ping-pong of two consumer warpgroups, q preloaded into registers across tiles, and
+initializing the P@V accumulator with ln_q (TLX's ``async_dot(..., acc=)`` could, but ln_q is needed again in
+fp32 for the sum of squares anyway).
 
-Not done (stated limitation): the blog's cluster of H CTAs with one head each exchanging per-token partial sums
-through DSMEM. TLX can express it (``remote_view`` / ``async_remote_shmem_store`` + cluster barriers, as in
-``kernels_tlx.multi_cta``), but within this task's budget the single-CTA design — whose correctness can be argued
-without a GPU — was chosen; the cluster design is the natural next step (it divides per-CTA K/V traffic by H
-and lets H CTAs share one Q tile's LayerNorm). Also not done: the blog's ping-pong of two consumer warpgroups,
-q preloaded into registers across tiles, and initializing the P@V accumulator with ln_q (TLX's ``async_dot(...,
-acc=)`` could, but ln_q is needed again in fp32 for the sum of squares anyway).
+**Cluster version** (``TilingConfig(CLUSTER=True, NUM_BUFFERS=1)``; the blog's design: "the heads of one Q tile
+must cooperate: a cluster of H CTAs exchanging partial sums through distributed shared memory"). Grid
+``(cdiv(max_len, 64) * H, B)`` launched with ``ctas_per_cga=(H, 1, 1)``: cluster ``(pid_m, b)`` owns Q tile
+pid_m of sequence b and its CTA of rank h (``cluster_cta_rank``) owns head h. One 4-warp warpgroup per CTA, no
+warp specialization (a CTA handles one tile and one head: the only loads worth overlapping are K_h/V_h, issued by
+TMA first and in flight during step 1's statistics and exchange). Per CTA:
+
+1. LayerNorm over H*D: per-token partials of its head's D features, ``(sum, centred sum of squares)`` in fp32,
+   pushed to every peer (``async_remote_shmem_store`` = ``st.async.shared::cluster.mbarrier::complete_tx`` into
+   ``mapa`` of the peer's slot, completing on the peer's receive mbarrier, armed with ``(H - 1) * 2 * 64 * 4``
+   bytes), then merged in rank order with Chan's formula (``mean = sum_r s_r / HD``, ``M2 = sum_r (M2_r + D
+   (s_r / D - mean)^2)``): every CTA adds the same fp32 values in the same order, so all H CTAs hold bitwise
+   identical statistics (and there is no ``E[x^2] - mean^2`` cancellation); it normalizes its own head slice.
+2. ``g_h = gelu_tanh(ln_q_h @ K_h^T) @ V_h`` (TMA K_h/V_h, wgmma with A from registers, as above).
+3. ``r_h = g_h + ln_q_h``; per-token partial ``sum r_h^2`` exchanged the same way (a second receive barrier);
+   ``out_h = r_h * rstd + q_h``. q_h is re-read (L2) and ln_q_h recomputed (same fp32 operations, same values)
+   rather than kept live across the dots: that costs 64 registers per thread (ptxas spilled 80 B/thread).
+
+Protocol: all barriers are initialized and armed, then ``fence.mbarrier_init.release.cluster`` +
+``barrier.cluster`` before any remote store; each slot and each receive barrier is used once (one Q tile per
+cluster, phase 0), so no buffer reuse needs guarding; every CTA waits for all H - 1 peers' bytes in both
+exchanges and ends with a ``barrier.cluster`` (no CTA leaves while a peer may still store into it). The per-row
+partial vectors are replicated across threads; the compiler predicates ``st.async`` to one owner per row
+(``tid % 16 == 0`` for the 8 rows each such thread owns; the tests check that every ``st.async`` is predicated
+and the armed byte counts), so the bytes match the armed counts. All CTAs of a cluster share (pid_m, b), so they
+take the same early exit for tiles past their sequence's end (no CTA waits for a peer that left). Cluster sizes:
+H in 2..8 (``CLUSTER_HEADS``; 8 is Hopper's portable limit, H = 1 needs no cluster), other H raise ValueError
+(``TilingConfig.check_heads``; the spec admits only H in 2..8 today, this guards the kernel if that grows).
+Non-power-of-two sizes (H = 3) are legal on Hopper -- CUDA requires only <= 8 CTAs (portable) and a grid
+divisible by the cluster shape -- and compile to ``.reqnctapercluster 3, 1, 1``; a GPU run has not confirmed it.
+
+Cost and expectation: H CTAs per Q tile (H x the CTAs, each with one head's K/V: 64 KiB of smem at D = Lkv = 128;
+per-CTA K/V traffic is 1/H of the single-CTA kernel's, the total the same), q_h read twice, two cluster round
+trips of ``64 x 4`` bytes per peer and statistic, two cluster barriers per tile. What it buys: the single-CTA
+kernel holds all H heads in one warpgroup and on the H200 runs at 255 registers with 36 / 196 / 380 B of spill
+stores per thread at H = 2 / 3 / 4 and a 3x per-token slowdown from H = 3 to H = 4; a cluster CTA holds one head
+whatever H is: 206-218 registers, no spills at H = 2 / 3 / 4 (``ptxas -v``, D = Lkv = 128), ~92 KB of smem,
+so 2 CTAs per SM (registers). Expected: per-token time about flat in H and below the single-CTA kernel's at
+H = 3 / 4; at H = 2 the single-CTA kernel may win (small spills, no exchange or cluster barriers). Not done in
+the cluster version: several Q tiles per cluster reusing K_h/V_h (a persistent walk over a sequence's tiles),
+BLOCK_M = 128 per cluster, warp specialization.
 
 CPU: TLX has no interpreter; ``compile_sm90`` compiles for sm_90a with a fake driver (tests assert wgmma, TMA,
-mbarrier and setmaxnreg in the PTX).
+mbarrier and setmaxnreg in the PTX; for the cluster version the cluster shape, ``mapa``, predicated ``st.async``,
+``barrier.cluster``, ``fence.mbarrier_init``, the armed byte counts and, with ``ptxas -v``, no spills).
 
 Sources: "Towards Free Normalization: Fusing Normalization into GEMM and Attention Kernels", PyTorch blog,
 2026-07-10, https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
 (FlashNormAttention); TLX Hopper FA tutorial ``triton/language/extra/tlx/tutorials/hopper_fa_ws.py`` (the
-producer/consumer structure). Written here. Status: compile-only on CPU; GPU numerics open.
+producer/consumer structure); ``kernels_tlx.multi_cta`` (the DSMEM exchange and Chan's merge); Chan, Golub,
+LeVeque (1979), pairwise variance update. Written here. Status: compile-only on CPU; GPU numerics open.
 """
 
 from __future__ import annotations
@@ -64,8 +105,7 @@ class TilingConfig(TilingConfigBase):
     per Q tile over all H heads; True: a cluster of H CTAs per Q tile, one head each, the norms' per-token partial
     sums exchanged through DSMEM -- see the module docstring). ``CLUSTER=True`` holds one head per CTA, so it needs
     ``NUM_BUFFERS=1`` (one K/V slot); it has no warp specialization (one 4-warp warpgroup, up to 255 registers per
-    thread), so ``CONSUMER_REGS`` is not used there. Which H a cluster can serve is checked per input
-    (``CLUSTER_HEADS``)."""
+    thread), so ``CONSUMER_REGS`` is not used there. Which H a cluster can serve: ``check_heads``."""
 
     NUM_BUFFERS: int = 2
     CONSUMER_REGS: int = 232
@@ -82,6 +122,15 @@ class TilingConfig(TilingConfigBase):
         if self.CLUSTER and self.NUM_BUFFERS != 1:
             raise ValueError(f"CLUSTER=True holds one head per CTA (one K/V slot): NUM_BUFFERS must be 1, got "
                              f"{self.NUM_BUFFERS}")
+
+    def check_heads(self, H: int) -> None:
+        """ValueError naming the limit if this config cannot serve H heads: with CLUSTER=True a cluster of H CTAs
+        is launched, so H must be in ``CLUSTER_HEADS`` (2..8: Hopper's portable cluster-size limit is 8; H = 1
+        needs no cluster). Any H the spec accepts serves the single-CTA kernel."""
+        if self.CLUSTER and H not in CLUSTER_HEADS:
+            raise ValueError(f"CLUSTER=True launches a cluster of H CTAs (one per head); H = {H} is not supported: "
+                             f"H must be in {CLUSTER_HEADS[0]}..{CLUSTER_HEADS[-1]} (8 = Hopper's portable "
+                             "cluster-size limit; H = 1 needs no cluster: use CLUSTER=False)")
 
 
 @triton.jit
@@ -254,10 +303,7 @@ def _prepare(q, k, v, q_offsets, max_len, eps, config):
     if D & (D - 1) or D > 128 or Lkv & (Lkv - 1) or Lkv > 256:
         raise ValueError(f"D = {D} must be a power of two <= 128 and Lkv = {Lkv} a power of two <= 256 "
                          "(TMA boxes, one warpgroup's registers)")
-    if cfg.CLUSTER and H not in CLUSTER_HEADS:
-        raise ValueError(f"CLUSTER=True launches a cluster of H CTAs (one per head), H = {H} is not supported: H "
-                         f"must be in {CLUSTER_HEADS[0]}..{CLUSTER_HEADS[-1]} (8 = Hopper's portable cluster-size "
-                         "limit; H = 1 needs no cluster: use CLUSTER=False)")
+    cfg.check_heads(H)
     smem = (1 if cfg.CLUSTER else cfg.NUM_BUFFERS) * 2 * Lkv * D * q.element_size()
     if smem > 200 * 1024:
         raise ValueError(f"the K/V ring needs {smem} B of shared memory (> 200 KiB); use fewer NUM_BUFFERS")
@@ -280,8 +326,10 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     """FlashNormAttention forward: ``RMSNorm(gdpa(LayerNorm(q)) + LayerNorm(q)) + q`` (norms over H*D, no affine).
 
     ``q [total_q, H, D]`` jagged with ``q_offsets [B+1]`` (int32/int64; lengths in [0, max_len]), ``k, v
-    [B, Lkv, H, D]``, bf16/fp16 CUDA tensors; D a power of two <= 128, Lkv a power of two <= 256. Returns ``out``
-    like q. Raises TypeError/ValueError for invalid inputs or config."""
+    [B, Lkv, H, D]``, bf16/fp16 CUDA tensors; D a power of two <= 128, Lkv a power of two <= 256. ``config``: a
+    ``TilingConfig``, a dict of its fields or None; ``CLUSTER=True`` runs a cluster of H CTAs per Q tile (H in
+    ``CLUSTER_HEADS`` = 2..8). Returns ``out`` like q. Raises TypeError/ValueError for invalid inputs or config
+    (ValueError for CLUSTER=True with H outside 2..8)."""
     out, kernel, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
     if out.numel():
         kernel[grid](*args, **meta)
