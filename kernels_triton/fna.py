@@ -49,6 +49,8 @@ from normfuse.techniques import fna as spec
 from normfuse.tiling import TilingConfigBase
 
 FUNCTIONS = ("gdpa",)
+HEAD_LOOPS = ("static", "range")
+LN_STATS = ("twopass", "onepass")
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,15 @@ class TilingConfig(TilingConfigBase):
     BLOCK_M: int = 64
     num_warps: int = 4
     num_stages: int = 1
+    head_loop: str = "static"
+    ln_stats: str = "twopass"
 
     def __post_init__(self):
+        if self.head_loop not in HEAD_LOOPS:
+            raise ValueError(f"head_loop must be one of {HEAD_LOOPS}, got {self.head_loop!r}")
+        if self.ln_stats not in LN_STATS:
+            raise ValueError(f"ln_stats must be one of {LN_STATS}, got {self.ln_stats!r}")
+
         if self.BLOCK_M not in (16, 32, 64, 128):
             raise ValueError(f"BLOCK_M must be one of 16, 32, 64, 128, got {self.BLOCK_M}")
         if self.num_warps not in (4, 8):
@@ -74,6 +83,47 @@ def _gelu_tanh(x):
     # 0.5 x (1 + tanh(u)) == x * sigmoid(2u), u = 0.7978845608 (x + 0.044715 x^3)
     u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
     return x / (1.0 + tl.exp(-2.0 * u))
+
+
+@triton.jit
+def _head_chan(q_rows, h, rmask, mean, m2, D: tl.constexpr):
+    """Fold head h's ``[BLOCK_M, D]`` slice into the running per-token (mean, M2) of heads 0..h-1 (Chan, Golub,
+    LeVeque's pairwise update; the slice itself is centred on its own mean: no E[x^2] - mean^2 cancellation)."""
+    x = tl.load(q_rows + h * D, mask=rmask[:, None], other=0.0).to(tl.float32)
+    mh = tl.sum(x, axis=1) / D
+    xc = x - mh[:, None]
+    n_prev = h * D * 1.0
+    frac = D / (n_prev + D)
+    delta = mh - mean
+    return mean + delta * frac, m2 + tl.sum(xc * xc, axis=1) + delta * delta * (n_prev * frac)
+
+
+@triton.jit
+def _head_gdpa(q_rows, o_rows, k_ptr, v_ptr, kv_base, h, rmask, mean, rstd_ln,
+               D: tl.constexpr, LKV: tl.constexpr, HD: tl.constexpr, FP32: tl.constexpr):
+    """Head h: ``r_h = gelu_tanh(ln_h @ k_h^T) @ v_h + ln_h`` staged in ``out`` (its dtype); returns sum(r_h^2)."""
+    d = tl.arange(0, D)
+    n = tl.arange(0, LKV)
+    x = tl.load(q_rows + h * D, mask=rmask[:, None], other=0.0).to(tl.float32)
+    ln = (x - mean[:, None]) * rstd_ln[:, None]
+    kt = tl.load(k_ptr + kv_base + n[None, :] * HD + h * D + d[:, None])      # [D, LKV] = k_h^T
+    vh = tl.load(v_ptr + kv_base + n[:, None] * HD + h * D + d[None, :])      # [LKV, D]
+    if FP32:
+        s = tl.dot(ln, kt, input_precision="ieee")
+        g = tl.dot(_gelu_tanh(s), vh, input_precision="ieee")
+    else:
+        s = tl.dot(ln.to(kt.dtype), kt)
+        g = tl.dot(_gelu_tanh(s).to(vh.dtype), vh)
+    r = g + ln
+    tl.store(o_rows + h * D, r.to(o_rows.dtype.element_ty), mask=rmask[:, None])
+    return tl.sum(r * r, axis=1)
+
+
+@triton.jit
+def _head_rms(q_rows, o_rows, h, rmask, rstd_rms, D: tl.constexpr):
+    r = tl.load(o_rows + h * D, mask=rmask[:, None], other=0.0).to(tl.float32)
+    x = tl.load(q_rows + h * D, mask=rmask[:, None], other=0.0).to(tl.float32)
+    tl.store(o_rows + h * D, (r * rstd_rms[:, None] + x).to(o_rows.dtype.element_ty), mask=rmask[:, None])
 
 
 @triton.jit
@@ -130,6 +180,61 @@ def _fna_gdpa_kernel(q_ptr, k_ptr, v_ptr, off_ptr, out_ptr, eps,
             tl.store(o_rows + h * D, (r * rstd_rms[:, None] + x).to(out_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
+@triton.jit
+def _fna_gdpa_heads_kernel(q_ptr, k_ptr, v_ptr, off_ptr, out_ptr, eps,
+                           H: tl.constexpr, D: tl.constexpr, LKV: tl.constexpr, BLOCK_M: tl.constexpr,
+                           FP32: tl.constexpr, HEAD_LOOP: tl.constexpr, LN_STATS: tl.constexpr):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    start = tl.load(off_ptr + b).to(tl.int64)
+    length = tl.load(off_ptr + b + 1).to(tl.int64) - start
+    m0 = pid_m * BLOCK_M
+    if m0 < length:
+        rows = m0 + tl.arange(0, BLOCK_M)
+        rmask = rows < length
+        tok = start + rows
+        d = tl.arange(0, D)
+        HD: tl.constexpr = H * D
+        q_rows = q_ptr + tok[:, None] * HD + d[None, :]
+        o_rows = out_ptr + tok[:, None] * HD + d[None, :]
+        kv_base = b.to(tl.int64) * (LKV * HD)
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if LN_STATS == "onepass":  # LayerNorm statistics in one pass, head slices folded in one at a time
+            mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+            s2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+            if HEAD_LOOP == "static":
+                for h in tl.static_range(H):
+                    mean, s2 = _head_chan(q_rows, h, rmask, mean, s2, D)
+            else:
+                for h in tl.range(0, H, num_stages=1):
+                    mean, s2 = _head_chan(q_rows, h, rmask, mean, s2, D)
+        else:  # two passes over q (range loops only: the static two-pass form is _fna_gdpa_kernel)
+            s1 = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for h in tl.range(0, H, num_stages=1):
+                s1 += tl.sum(tl.load(q_rows + h * D, mask=rmask[:, None], other=0.0).to(tl.float32), axis=1)
+            mean = s1 / HD
+            s2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for h in tl.range(0, H, num_stages=1):
+                x = tl.load(q_rows + h * D, mask=rmask[:, None], other=0.0).to(tl.float32) - mean[:, None]
+                s2 += tl.sum(x * x, axis=1)
+        rstd_ln = tl.math.rsqrt(s2 / HD + eps)
+        # per head GDPA + residual 1 (sum of r^2 in registers, r staged in out), then RMSNorm + residual 2
+        if HEAD_LOOP == "static":
+            for h in tl.static_range(H):
+                ss += _head_gdpa(q_rows, o_rows, k_ptr, v_ptr, kv_base, h, rmask, mean, rstd_ln, D, LKV, HD, FP32)
+            rstd_rms = tl.math.rsqrt(ss / HD + eps)
+            tl.debug_barrier()  # r_h written by other threads of this CTA must be visible before it is re-read
+            for h in tl.static_range(H):
+                _head_rms(q_rows, o_rows, h, rmask, rstd_rms, D)
+        else:  # real loops: one copy of the body; num_stages=1, no software pipelining (dsl-primer §0)
+            for h in tl.range(0, H, num_stages=1):
+                ss += _head_gdpa(q_rows, o_rows, k_ptr, v_ptr, kv_base, h, rmask, mean, rstd_ln, D, LKV, HD, FP32)
+            rstd_rms = tl.math.rsqrt(ss / HD + eps)
+            tl.debug_barrier()
+            for h in tl.range(0, H, num_stages=1):
+                _head_rms(q_rows, o_rows, h, rmask, rstd_rms, D)
+
+
 def _prepare(q, k, v, q_offsets, max_len, eps, config, launch: bool = True):
     cfg = TilingConfig.from_dict(config)
     total_q, B, H, D, Lkv = spec.check_inputs(q, k, v, q_offsets, max_len, eps)
@@ -142,7 +247,11 @@ def _prepare(q, k, v, q_offsets, max_len, eps, config, launch: bool = True):
     args = (q, k, v, q_offsets, out, float(1e-5 if eps is None else eps))
     meta = dict(H=H, D=D, LKV=Lkv, BLOCK_M=cfg.BLOCK_M, FP32=q.dtype == torch.float32,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out, args, grid, meta
+    kernel = _fna_gdpa_kernel  # the original formulation: shipped configs compile exactly as measured
+    if cfg.head_loop != "static" or cfg.ln_stats != "twopass":
+        kernel = _fna_gdpa_heads_kernel
+        meta.update(HEAD_LOOP=cfg.head_loop, LN_STATS=cfg.ln_stats)
+    return kernel, out, args, grid, meta
 
 
 def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, max_len: int, *,
@@ -153,9 +262,9 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     [B, Lkv, H, D]``; bf16/fp16 (fp32 in the interpreter); D and Lkv powers of two. Returns ``out`` like q.
     Raises TypeError/ValueError for invalid inputs or a config that cannot serve them (see
     ``normfuse.techniques.fna.check_inputs`` and ``TilingConfig``)."""
-    out, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    kernel, out, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
     if out.numel() and grid[0] and grid[1]:
-        _fna_gdpa_kernel[grid](*args, **meta)
+        kernel[grid](*args, **meta)
     return out
 
 
@@ -173,5 +282,5 @@ def compile_sm90_kernel(op, q, k, v, q_offsets, max_len, *, eps: float = 1e-5, c
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(FUNCTIONS)}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_sm90 cannot run under TRITON_INTERPRET=1")
-    _, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
-    return _fna_gdpa_kernel.warmup(*args, grid=grid, **meta)
+    kernel, _, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    return kernel.warmup(*args, grid=grid, **meta)
