@@ -48,6 +48,7 @@ from normfuse.techniques import fna as spec
 from normfuse.tiling import TilingConfigBase
 
 FUNCTIONS = ("gdpa",)
+HEAD_LOOPS = ("static", "grid")  # hl.static_range (unrolled) or hl.grid device loops
 
 
 @helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
@@ -99,6 +100,61 @@ def _fna_gdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset
     return out
 
 
+@helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
+def _fna_gdpa_loop_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+                          max_len: int, eps: float) -> torch.Tensor:
+    """``_fna_gdpa_kernel`` with device loops over the heads (``hl.grid``: one copy of the body in the generated
+    code, whatever H) and one-pass LayerNorm statistics (Chan's combination of per-head mean / M2). The loops' trip
+    count is 0 for a tile past its sequence's end, so such programs do no work (the static kernel computes them on
+    masked rows)."""
+    total, hd = q.size()
+    hd = hl.specialize(hd)
+    nb, lkv, nh, d = k.size()
+    lkv = hl.specialize(lkv)
+    nh = hl.specialize(nh)
+    d = hl.specialize(d)
+    out = torch.empty_like(q)
+    for tile_b, tile_m in hl.tile([nb, max_len], block_size=[1, None]):
+        b = tile_b.begin
+        start = q_offsets[b]
+        length = q_offsets[b + 1] - start
+        rows = start + tile_m.index
+        mask = tile_m.index < length
+        heads = torch.where(tile_m.begin < length, nh, 0)          # 0: the tile lies past the sequence's end
+        mean = hl.zeros([tile_m], dtype=torch.float32)
+        m2 = hl.zeros([tile_m], dtype=torch.float32)
+        for h in hl.grid(heads):
+            x = hl.load(q, [rows, h * d + hl.arange(d)], extra_mask=mask[:, None]).to(torch.float32)
+            mh = torch.sum(x, dim=-1) / d
+            xc = x - mh[:, None]
+            n_prev = h * d * 1.0
+            frac = d / (n_prev + d)
+            delta = mh - mean
+            mean = mean + delta * frac
+            m2 = m2 + torch.sum(xc * xc, dim=-1) + delta * delta * (n_prev * frac)
+        rstd_ln = torch.rsqrt(m2 / hd + eps)
+        ss = hl.zeros([tile_m], dtype=torch.float32)
+        for h in hl.grid(heads):
+            x = hl.load(q, [rows, h * d + hl.arange(d)], extra_mask=mask[:, None]).to(torch.float32)
+            ln = (x - mean[:, None]) * rstd_ln[:, None]
+            kh = k[b, :, h, :]                                        # [Lkv, D]
+            vh = v[b, :, h, :]
+            s = hl.dot(ln.to(q.dtype), kh.T, out_dtype=torch.float32)  # [BLOCK_M, Lkv]
+            u = 0.7978845608028654 * (s + 0.044715 * s * s * s)
+            p = s / (1.0 + torch.exp(-2.0 * u))
+            g = hl.dot(p.to(q.dtype), vh, out_dtype=torch.float32)   # [BLOCK_M, D]
+            r = g + ln
+            ss = ss + torch.sum(r * r, dim=-1)
+            hl.store(out, [rows, h * d + hl.arange(d)], r.to(q.dtype), extra_mask=mask[:, None])
+        rstd_rms = torch.rsqrt(ss / hd + eps)
+        for h in hl.grid(heads):
+            r = hl.load(out, [rows, h * d + hl.arange(d)], extra_mask=mask[:, None]).to(torch.float32)
+            x = hl.load(q, [rows, h * d + hl.arange(d)], extra_mask=mask[:, None]).to(torch.float32)
+            hl.store(out, [rows, h * d + hl.arange(d)], (r * rstd_rms[:, None] + x).to(q.dtype),
+                     extra_mask=mask[:, None])
+    return out
+
+
 @dataclass(frozen=True)
 class TilingConfig(TilingConfigBase):
     """``block_sizes = [BLOCK_M]`` (tokens per program: 16..128, power of two), ``num_warps`` (4 or 8),
@@ -107,8 +163,11 @@ class TilingConfig(TilingConfigBase):
     block_sizes: tuple = (64,)
     num_warps: int = 4
     num_stages: int = 1
+    head_loop: str = "static"
 
     def __post_init__(self):
+        if self.head_loop not in HEAD_LOOPS:
+            raise ValueError(f"head_loop must be one of {HEAD_LOOPS}, got {self.head_loop!r}")
         if len(self.block_sizes) != 1 or self.block_sizes[0] not in (16, 32, 64, 128):
             raise ValueError(f"block_sizes must be [BLOCK_M] with BLOCK_M in 16, 32, 64, 128, got {self.block_sizes}")
         if self.num_warps not in (4, 8):
@@ -122,6 +181,10 @@ class TilingConfig(TilingConfigBase):
 
 
 _COMPILED: dict = {}
+
+
+def _kernel(cfg: TilingConfig):
+    return _fna_gdpa_loop_kernel if cfg.head_loop == "grid" else _fna_gdpa_kernel
 
 
 def ref_mode() -> bool:
@@ -149,13 +212,13 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     if q.shape[0] == 0:
         return torch.empty_like(q)
     if ref_mode():
-        return _fna_gdpa_kernel(*args).view(q.shape)
+        return _kernel(cfg)(*args).view(q.shape)
     if q.device.type != "cuda":
         raise ValueError("gdpa needs CUDA tensors; on CPU set HELION_INTERPRET=1 before importing helion (ref mode)")
     key = (tuple(q.shape), tuple(k.shape), q.dtype, q_offsets.dtype, max_len, q.device, cfg)
     fn = _COMPILED.get(key)
     if fn is None:
-        bound = _fna_gdpa_kernel.bind(args)
+        bound = _kernel(cfg).bind(args)
         with _live_args(bound, args):
             fn = bound.compile_config(cfg.to_helion())
         _COMPILED[key] = fn
@@ -168,7 +231,7 @@ def _bound(op, q, k, v, q_offsets, max_len, eps, config):
     if ref_mode():
         raise RuntimeError("code generation is unavailable in Helion ref mode (unset HELION_INTERPRET)")
     args, cfg = _args(q, k, v, q_offsets, max_len, eps, config)
-    return _fna_gdpa_kernel.bind(args), cfg.to_helion(), args
+    return _kernel(cfg).bind(args), cfg.to_helion(), args
 
 
 def _codegen_env(q):
