@@ -23,6 +23,13 @@ appears and nothing is stored). Between the staging store of r and its re-load, 
 generation emits ``tl.debug_barrier()`` itself (read-after-write on the same tensor; checked in the generated code
 by the tests).
 
+``head_loop="grid"`` (``_fna_gdpa_loop_kernel``): the head loops as ``hl.grid`` device loops (one copy of the body
+in the generated code: ~58 KiB of SASS at bm64-w4 for any H, against 106 / 160 / 207 KiB unrolled at H = 2/3/4,
+where the H200 measured a ~2.3x per-head cliff from H = 3 on; hypothesis: instruction-cache thrashing, see
+``kernels_triton/fna.py``), one-pass LayerNorm statistics (Chan's combination of per-head mean/M2), and a trip count
+of 0 for tiles past their sequence's end (``torch.where(tile_m.begin < length, H, 0)``), so those programs do no
+work: the early exit the static kernel lacks.
+
 CPU: ref mode (``HELION_INTERPRET=1`` before ``import helion``; needs the mm.dtype shim of
 ``normfuse.helion_compat``) runs the body as eager PyTorch; ``compile_sm90`` compiles the generated Triton for sm_90.
 
@@ -158,7 +165,8 @@ def _fna_gdpa_loop_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_o
 @dataclass(frozen=True)
 class TilingConfig(TilingConfigBase):
     """``block_sizes = [BLOCK_M]`` (tokens per program: 16..128, power of two), ``num_warps`` (4 or 8),
-    ``num_stages`` (1..4; the head loops are unrolled)."""
+    ``num_stages`` (1..4), ``head_loop`` ('static': ``hl.static_range``, unrolled; 'grid': ``hl.grid`` device
+    loops, one-pass statistics, no work past a sequence's end)."""
 
     block_sizes: tuple = (64,)
     num_warps: int = 4

@@ -21,6 +21,17 @@ norms' reductions over H*D are program-local — no cluster, no DSMEM (Triton ha
   address shared memory, and the torch module rounds r to the same dtype);
 * pass 3, after a CTA barrier (the same threads re-read what the CTA wrote): ``out_h = r_h * rstd + q_h``.
 
+Head-loop formulations (``TilingConfig.head_loop`` / ``ln_stats``; the defaults compile the kernel above unchanged):
+``_fna_gdpa_heads_kernel`` with ``head_loop="range"`` runs the three head loops as real loops (``tl.range``,
+``num_stages=1``: not pipelined, dsl-primer §0) and ``ln_stats="onepass"`` folds the heads' (mean, M2) into the
+LayerNorm statistics with Chan's pairwise update (q read 3 times instead of 4). Why: on the H200 (results/fna_blog/
+20261130_h200) the unrolled kernel costs ~2.2x more per head at H = 4 than at H = 2/3. Compile facts (sm_90a,
+``tools/fna_regs.py``): the fully unrolled straight-line code is 86 / 129 / 170 KiB of SASS at H = 2/3/4 and LLVM
+merges the identical q loads of the two statistics passes (all H q slices stay live: spills 348/404/568 B at
+bm64-w4); with ``range`` loops the code is ~50 KiB (bm64-w4) / ~35 KiB (bm64-w8, no spills) at any H. Hypothesis
+(untested until the GPU): the cliff is instruction-cache thrashing once the code exceeds ~128 KiB (every
+kernel that fell off measured >= 156 KiB, every one that did not <= 131 KiB), with spills a secondary cost.
+
 Not expressible in Triton, hence not done: the blog's cluster of H CTAs exchanging partial sums via DSMEM, warp
 specialization (load / MMA / activation / norm partitions), keeping r in shared memory, initializing the P@V
 accumulator with ln_q (Triton's ``acc=`` does this, but ln_q is then needed again in fp32 for the residual anyway,
@@ -56,7 +67,9 @@ LN_STATS = ("twopass", "onepass")
 @dataclass(frozen=True)
 class TilingConfig(TilingConfigBase):
     """``BLOCK_M`` tokens per program (power of two, 16..128), ``num_warps`` (4 or 8), ``num_stages`` (passed to
-    the compiler; the head loops are unrolled so it only affects the pass loops' scheduling)."""
+    the compiler; the head loops are unrolled or ``num_stages=1`` loops, so it does not pipeline them),
+    ``head_loop`` ('static': ``tl.static_range``, unrolled; 'range': ``tl.range`` loops, one copy of the body),
+    ``ln_stats`` ('twopass': mean then centred sum of squares; 'onepass': per-head mean/M2 combined, Chan et al.)."""
 
     BLOCK_M: int = 64
     num_warps: int = 4
