@@ -99,10 +99,12 @@ def main(argv=None) -> str:
     meta = json.loads((run / "meta.json").read_text()) if (run / "meta.json").exists() else {}
     copy_tbps = (meta.get("calibration") or {}).get("copy_tbps")
     t = tables(df, copy_tbps)
-    text = [f"# {run.name}: MXNorm vs RMSNorm + MXFP8 cast (copy bandwidth {copy_tbps or '?'} TB/s)", ""]
+    text = [f"# {run.name}: MXNorm vs RMSNorm + MXFP8 cast (copy bandwidth "
+            f"{f'{copy_tbps:.3f}' if copy_tbps else '?'} TB/s)", ""]
     for name in ("targets", "speedups", "bandwidth"):
-        text += [f"## {name}", "", t[name].to_markdown(index=False, floatfmt=".3g") if len(t[name]) else "(no data)",
-                 ""]
+        tab = t[name].rename(columns={"M": "T", "N": "D"})  # the runner's M, N are tokens and hidden size here
+        tab = tab.astype({c: int for c in ("T", "D") if c in tab}).astype({c: str for c in ("T", "D") if c in tab})  # printed as integers, not 1.02e+03
+        text += [f"## {name}", "", tab.to_markdown(index=False, floatfmt=".3g") if len(tab) else "(no data)", ""]
     out = "\n".join(text)
     (run / "mxnorm_summary.md").write_text(out)
     if len(t["speedups"]):
