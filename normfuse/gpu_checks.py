@@ -61,6 +61,17 @@ def shipped_configs(dsl: str, technique: str = "lazy_prenorm") -> list[dict]:
     return [dict(c) for c in data.get(dsl, [])]
 
 
+def checkable_configs(dsl: str, check: str):
+    """``(name, config, impls)`` of each shipped entry of ``dsl`` in the tiling file of ``check`` (a ``CHECKS``
+    key): ``config`` without the ``name`` / ``impls`` / ``known_incorrect`` keys, ``impls`` the entry's list or None;
+    entries marked ``known_incorrect`` (shipped to record a compiler bug; the sweep marks them incorrect) left out."""
+    for cfg in shipped_configs(dsl, check):
+        name = cfg.pop("name", "?")
+        impls = cfg.pop("impls", None)
+        if not cfg.pop("known_incorrect", False):
+            yield name, cfg, impls
+
+
 def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
     """Check every shipped config of ``dsl`` for ``technique`` (a ``CHECKS`` key: a technique, or a check name
     mapped to one by ``CHECK_TECHNIQUE``) at its odd shapes and input options; return failure descriptions."""
@@ -74,13 +85,8 @@ def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
     if technique == "lazy_prenorm":
         impls_default = ["fused", "gemm"]
     failures = []
-    for cfg in shipped_configs(dsl, check):
-        cfg = dict(cfg)
-        name = cfg.pop("name", "?")
-        impls = cfg.pop("impls", None) or impls_default
-        if cfg.pop("known_incorrect", False):  # shipped to record a compiler bug; the sweep marks it incorrect
-            continue
-        for impl in impls:
+    for name, cfg, impls in checkable_configs(dsl, check):
+        for impl in impls or impls_default:
             for variant in (variants[:1] if impl in GEMM_IMPLS else variants):
                 for seed, ((M, N, K), options) in enumerate((s, o) for o in option_sets for s in shapes):
                     if options and impl in GEMM_IMPLS:
@@ -114,12 +120,7 @@ def check_norm_special_values(dsl: str, M: int = 300, N: int = 4095, eps: float 
     from normfuse.techniques import norms
 
     failures = []
-    for cfg in shipped_configs(dsl, "norms"):
-        cfg = dict(cfg)
-        name = cfg.pop("name", "?")
-        cfg.pop("impls", None)
-        if cfg.pop("known_incorrect", False):
-            continue
+    for name, cfg, _ in checkable_configs(dsl, "norms"):
         for variant in ("rmsnorm", "layernorm"):
             fn = registry.kernel_function(dsl, "norms", "norm", variant)
             try:
@@ -158,12 +159,7 @@ def check_fna_isolation(dsl: str, M: int = 300, H: int = 3, D: int = 128, B: int
 
     failures = []
     fn = registry.kernel_function(dsl, "fna", "fused", "gdpa")
-    for cfg in shipped_configs(dsl, "fna"):
-        cfg = dict(cfg)
-        name = cfg.pop("name", "?")
-        cfg.pop("impls", None)
-        if cfg.pop("known_incorrect", False):
-            continue
+    for name, cfg, _ in checkable_configs(dsl, "fna"):
         try:
             inp = fna.make_inputs(M, H, D, dtype="bf16", device="cuda", seed=11, batch=B, edge_cases=True)
             call = lambda i: fna.kernel_call(fn, "fused", i, eps, cfg, "gdpa")()  # noqa: E731
@@ -208,10 +204,7 @@ def check_fna_llm_nan_isolation(dsl: str, S: int = 300, B: int = 3, H: int = 4, 
     from normfuse.techniques import fna_llm
 
     failures = []
-    for cfg in shipped_configs(dsl, "fna_llm"):
-        cfg = dict(cfg)
-        name = cfg.pop("name", "?")
-        cfg.pop("impls", None)
+    for name, cfg, _ in checkable_configs(dsl, "fna_llm"):
         for variant in fna_llm.VARIANTS:
             for impl in fna_llm.IMPLS:
                 fn = registry.kernel_function(dsl, "fna_llm", impl, variant)
@@ -245,10 +238,8 @@ def check_multi_cta_determinism(dsl: str, shapes=((4096, 1000, 520), (300, 2000,
     from normfuse.techniques import multi_cta
 
     failures = []
-    for cfg in shipped_configs(dsl, "multi_cta"):
-        cfg = dict(cfg)
-        name = cfg.pop("name", "?")
-        if "fused" not in (cfg.pop("impls", None) or ["fused"]) or cfg.pop("known_incorrect", False):
+    for name, cfg, impls in checkable_configs(dsl, "multi_cta"):
+        if "fused" not in (impls or ["fused"]):
             continue
         for variant in multi_cta.VARIANTS:
             fn = registry.kernel_function(dsl, "multi_cta", "fused", variant)
