@@ -2,7 +2,7 @@ r"""FlashNormAttention, LLM variant, in upstream Triton (3.6, Hopper sm_90): per
 γ, Qwen3 / OLMo2 style) fused into a FlashAttention-2 forward (online softmax, fp32 state, causal or not, GQA),
 with an optional per-head RMSNorm of the output. Math and cost model: ``normfuse/techniques/fna_llm.py``.
 
-Two ways to normalize K (``TilingConfig.K_NORM``), both inside the public ``qknorm_attention`` call:
+Three ways to normalize K (``TilingConfig.K_NORM``), all inside the public ``qknorm_attention`` call:
 
 * ``"prepass"`` (default), the algebraic form
   ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j · Σ_d (q_i,d γq_d γk_d) k_j,d``:
@@ -13,7 +13,12 @@ Two ways to normalize K (``TilingConfig.K_NORM``), both inside the public ``qkno
   ``[BLOCK_N]`` fp32 load per K tile) before the mask and the online softmax;
 * ``"inloop"`` (the previous code path): every K tile ``[BLOCK_N, D]`` of the KV loop is normalized in fp32 as it
   streams in (row sum of squares, ``* rstd * k_weight``), rounded to the input dtype and fed to ``tl.dot``: redone
-  by each of the ``cdiv(S, BLOCK_M)`` Q tiles that stream it.
+  by each of the ``cdiv(S, BLOCK_M)`` Q tiles that stream it;
+* ``"materialize"``: a pre-pass kernel (``_k_norm_kernel``) writes the normalized copy
+  ``k_n = RMSNorm(k)·γk`` in the input dtype, ``[B, Hkv, S, D]``, and the attention kernel normalizes only the Q
+  tile (``γq``) and streams ``k_n`` exactly like ``attention``: the KV loop does no K work at all. Cost: one extra
+  write and read of K (``2·B·Hkv·S·D`` elements), which an inference engine pays anyway when it writes the
+  normalized K into its KV cache (the K norm then lives in the cache-write kernel, not in attention).
 
 ``attention`` (no norms) ignores ``K_NORM``.
 
@@ -73,7 +78,7 @@ from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 
 LOG2E = 1.4426950408889634
-K_NORM_MODES = ("prepass", "inloop")
+K_NORM_MODES = ("prepass", "inloop", "materialize")
 RSTD_BLOCK_ROWS = 64  # K rows per program of the rstd_k pre-pass
 
 
@@ -90,8 +95,9 @@ class TilingConfig(TilingConfigBase):
     """``BLOCK_M`` query rows x ``BLOCK_N`` keys per step (powers of 2, 16..256), ``num_warps``, ``num_stages``;
     ``TMA``: load Q/K/V through device-side tensor descriptors per (batch, head) (Hopper TMA, zero fill past S)
     instead of masked pointer loads. ``K_NORM``: ``"prepass"`` (a pre-pass kernel computes ``rstd_k``; the KV loop
-    feeds the raw K tile to the dot and scales the score columns) or ``"inloop"`` (every K tile is normalized in
-    the KV loop); ignored by ``attention`` (no norms)."""
+    feeds the raw K tile to the dot and scales the score columns), ``"inloop"`` (every K tile is normalized in
+    the KV loop) or ``"materialize"`` (a pre-pass kernel writes the normalized K; the KV loop is plain attention);
+    ignored by ``attention`` (no norms)."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 64
@@ -123,6 +129,19 @@ def _k_rstd_kernel(K, RSTD, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexp
     k = tl.load(K + offs_r[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_r[:, None] < R, other=0.0)
     kf = k.to(tl.float32)
     tl.store(RSTD + offs_r, 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps), mask=offs_r < R)
+
+
+@triton.jit
+def _k_norm_kernel(K, KW, KN, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Pre-pass (``K_NORM = "materialize"``): ``k_n[r] = k[r] * rstd[r] * k_weight`` rounded to K's dtype, rstd in
+    fp32, for the ``R = B * Hkv * S`` rows of K."""
+    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, HEAD_DIM)
+    off = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
+    kf = tl.load(K + off, mask=offs_r[:, None] < R, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps)
+    kw = tl.load(KW + offs_d).to(tl.float32)
+    tl.store(KN + off, (kf * rstd[:, None] * kw[None, :]).to(KN.dtype.element_ty), mask=offs_r[:, None] < R)
 
 
 @triton.jit
@@ -181,7 +200,7 @@ def _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, rstd_base, o
 def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                  NORM_QK: tl.constexpr, K_PREPASS: tl.constexpr, NORM_O: tl.constexpr, PRECISION: tl.constexpr,
-                 TMA: tl.constexpr):
+                 TMA: tl.constexpr, K_NORMED: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // HQ
@@ -231,7 +250,7 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale,
     else:
         hi = S
         mid = full_end
-    K_INLOOP: tl.constexpr = NORM_QK and not K_PREPASS
+    K_INLOOP: tl.constexpr = NORM_QK and not K_PREPASS and not K_NORMED  # K_NORMED: K holds k_n (materialize)
     acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, rstd_base, offs_m, offs_d, S, eps,
                               qk_scale, 0, mid, HEAD_DIM, BLOCK_N, CAUSAL, False, K_INLOOP, K_PREPASS, PRECISION, TMA)
     acc, l_i, m_i = _kv_steps(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, kw, rstd_base, offs_m, offs_d, S, eps,
@@ -244,8 +263,9 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale,
 
 
 def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: bool, launch: bool = True):
-    """Validate and build (o, args, grid, constexpr kwargs, pre-pass) where pre-pass is None or (args, grid, kwargs)
-    of ``_k_rstd_kernel`` (``norms`` and ``K_NORM = "prepass"``; ``attention`` ignores K_NORM)."""
+    """Validate and build (o, args, grid, constexpr kwargs, pre-pass) where pre-pass is None or (kernel, args, grid,
+    kwargs): ``_k_rstd_kernel`` (``norms`` and ``K_NORM = "prepass"``) or ``_k_norm_kernel`` (``"materialize"``; the
+    attention args then read its output ``k_n``); ``attention`` ignores K_NORM."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if norms and (q_weight is None or k_weight is None):
@@ -257,20 +277,26 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     o = torch.empty_like(q)
     dummy = q  # never read when the matching flag is off
     prepass = norms and cfg.K_NORM == "prepass"
+    materialize = norms and cfg.K_NORM == "materialize"
     pre = None
     rstd_k = dummy
+    R = B * Hkv * S
+    pre_grid = (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1)
+    pre_kw = dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1)
     if prepass:  # rstd_k [B * Hkv, S] fp32, one value per K row (not a normalized copy of K)
-        R = B * Hkv * S
         rstd_k = torch.empty(R, dtype=torch.float32, device=q.device)
-        pre = ((k, rstd_k, R, float(eps)), (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1),
-               dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1))
+        pre = (_k_rstd_kernel, (k, rstd_k, R, float(eps)), pre_grid, pre_kw)
+    elif materialize:  # k_n [B, Hkv, S, D] in K's dtype; the attention kernel reads it instead of K
+        k_n = torch.empty_like(k)
+        pre = (_k_norm_kernel, (k, k_weight, k_n, R, float(eps)), pre_grid, pre_kw)
+        k = k_n
     args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
             o_weight if o_weight is not None else dummy, rstd_k, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
     grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal, NORM_QK=norms,
               K_PREPASS=prepass, NORM_O=o_weight is not None,
               PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-              TMA=cfg.TMA, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+              TMA=cfg.TMA, K_NORMED=materialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.TMA and launch:
         triton.set_allocator(_alloc_fn)  # scratch for the device-side descriptors
     return o, args, grid, kw, pre
@@ -284,18 +310,19 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
                      k_weight: torch.Tensor, *, causal: bool, eps: float = 1e-6, o_weight=None,
                      config=None) -> torch.Tensor:
     """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo]: one attention
-    kernel, preceded by the rstd_k pre-pass kernel (fp32 ``[B, Hkv, S]`` scratch) when ``K_NORM = "prepass"``.
+    kernel, preceded by a pre-pass kernel: rstd_k (fp32 ``[B, Hkv, S]`` scratch) when ``K_NORM = "prepass"``, the
+    normalized K copy (``[B, Hkv, S, D]`` in q's dtype) when ``"materialize"``; none for ``"inloop"``.
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv; D in {16..256}, powers of 2), weights
     ``[D]``, all one dtype (bf16 on the GPU; fp16/fp32 under the interpreter), contiguous. Returns o ``[B, Hq,
     S, D]`` in q's dtype. ``config``: ``TilingConfig`` or mapping. Raises TypeError / ValueError for bad inputs
-    (``normfuse.techniques.fna_llm.check_inputs``) or config (e.g. ``K_NORM`` not prepass / inloop), ValueError
+    (``normfuse.techniques.fna_llm.check_inputs``) or config (e.g. ``K_NORM`` not in ``K_NORM_MODES``), ValueError
     for CPU tensors outside the interpreter.
     """
     o, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
-    if pre is not None:  # K_NORM = "prepass": rstd_k first (same stream, so ordered before the attention)
-        pre_args, pre_grid, pre_kw = pre
-        _k_rstd_kernel[pre_grid](*pre_args, **pre_kw)
+    if pre is not None:  # K_NORM = prepass / materialize: first (same stream, so ordered before the attention)
+        pre_kernel, pre_args, pre_grid, pre_kw = pre
+        pre_kernel[pre_grid](*pre_args, **pre_kw)
     _fna_llm_fwd[grid](*args, **kw)
     return o
 
@@ -313,7 +340,7 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
     """Compile ``op`` ('qknorm_attention' or 'attention') for sm_90 without launching (needs
     ``normfuse.compile_only.install(90)``, no ``TRITON_INTERPRET``); CPU tensors, never read. Returns
     ``normfuse.compile_only.summarize`` of the attention kernel, plus ``k_rstd`` (the pre-pass's summary) for
-    'qknorm_attention' with ``K_NORM = "prepass"``."""
+    'qknorm_attention' with ``K_NORM = "prepass"``, ``k_norm`` (the normalized-K pre-pass) with ``"materialize"``."""
     from normfuse.compile_only import summarize
 
     if op not in ("qknorm_attention", "attention"):
@@ -328,9 +355,10 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
     ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
     _, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, launch=False)
     out = summarize(_fna_llm_fwd.warmup(*args, grid=grid, **kw))
-    if pre is not None:
-        pre_args, pre_grid, pre_kw = pre
-        out["k_rstd"] = summarize(_k_rstd_kernel.warmup(*pre_args, grid=pre_grid, **pre_kw))
+    if pre is not None:  # the pre-pass: "k_rstd" (prepass) or "k_norm" (materialize)
+        pre_kernel, pre_args, pre_grid, pre_kw = pre
+        key = "k_rstd" if pre_kernel is _k_rstd_kernel else "k_norm"
+        out[key] = summarize(pre_kernel.warmup(*pre_args, grid=pre_grid, **pre_kw))
     return out
 
 

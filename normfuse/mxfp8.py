@@ -191,7 +191,7 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, block: int = BLOCK_SIZE
     s = scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales
     if data.shape[:-1] != s.shape[:-1] or data.shape[-1] != s.shape[-1] * block:
         raise ValueError(f"data {tuple(data.shape)} and scales {tuple(s.shape)} do not match block {block}")
-    f = torch.pow(torch.full(s.shape, 2.0), s.to(torch.float32) - E8M0_BIAS)
+    f = torch.pow(torch.full(s.shape, 2.0, device=s.device), s.to(torch.float32) - E8M0_BIAS)
     f = torch.where(s == E8M0_NAN, float("nan"), f)
     d = data.float().reshape(*s.shape, block) * f.unsqueeze(-1)
     return d.reshape(data.shape).to(dtype)

@@ -2,10 +2,11 @@
 
 1. semantics under ``TRITON_INTERPRET=1`` (fp16/fp32; odd S, S = 1, GQA, Hq = 3 with Hkv = 1, causal and not,
    output norm, the unmasked / masked KV-loop split with BLOCK_N < BLOCK_M and BLOCK_N > BLOCK_M; the fused op in
-   both K_NORM modes, prepass and inloop agreeing), NaN/Inf isolation between batch elements (both K_NORM modes),
+   the three K_NORM modes, prepass and materialize agreeing with inloop), NaN/Inf isolation between batch elements
+   (every K_NORM mode),
    bad inputs (a bad K_NORM raises ValueError);
 2. sm_90 compile of every shipped config (wgmma present, shared memory within the H200's limit; the rstd_k pre-pass
-   compiled too exactly when K_NORM = prepass).
+   compiled too exactly when K_NORM = prepass, the normalized-K pre-pass exactly when K_NORM = materialize).
 """
 
 import json
@@ -42,22 +43,24 @@ for dtype in ("fp16", "fp32"):
                     if impl == "attention" and o_norm:
                         continue
                     outs = {}
-                    # the fused op in both K_NORM modes; attention ignores K_NORM (one run, with "inloop")
-                    for k_norm in (("prepass", "inloop") if impl == "fused" else ("inloop",)):
+                    # the fused op in every K_NORM mode; attention ignores K_NORM (one run, with "inloop")
+                    for k_norm in (K.K_NORM_MODES if impl == "fused" else ("inloop",)):
                         out = run(impl, inp, variant, dict(cfg, K_NORM=k_norm))
                         outs[k_norm] = out
                         r = T.check(impl, out, inp, 1e-6, variant)
                         rows.append(dict(dtype=dtype, S=S, Hq=Hq, variant=variant, impl=impl, o_norm=o_norm,
                                          k_norm=k_norm, ok=r["ok"], err=r["max_abs_err"], tol=r["tol"],
                                          shape_ok=out.shape == inp["q"].shape and out.dtype == inp["q"].dtype))
-                    if impl == "fused":  # prepass vs inloop: within the tolerance of the check
-                        diff = (outs["prepass"].float() - outs["inloop"].float()).abs().max().item()
-                        agree.append(dict(dtype=dtype, S=S, variant=variant, o_norm=o_norm, diff=diff, tol=r["tol"]))
+                    if impl == "fused":  # prepass / materialize vs inloop: within the tolerance of the check
+                        for mode in ("prepass", "materialize"):
+                            diff = (outs[mode].float() - outs["inloop"].float()).abs().max().item()
+                            agree.append(dict(dtype=dtype, S=S, variant=variant, o_norm=o_norm, mode=mode, diff=diff,
+                                              tol=r["tol"]))
 
 # NaN in q, Inf in k, NaN in v of batch element 1: batch 1 non-finite, batches 0 and 2 unchanged
 nan = []
 for variant in T.VARIANTS:
-    for impl, k_norm in (("fused", "prepass"), ("fused", "inloop"), ("attention", "prepass")):
+    for impl, k_norm in (("fused", "prepass"), ("fused", "inloop"), ("fused", "materialize"), ("attention", "prepass")):
         inp = T.make_inputs(45, 3, 2, dtype="fp32", kv_heads=1, head_dim=16, seed=9)
         cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "TMA": k_norm == "inloop", "K_NORM": k_norm}
         clean = run(impl, inp, variant, cfg)
@@ -80,15 +83,16 @@ def interp():
 def test_interpreter_matches_reference(interp):
     bad = [r for r in interp["rows"] if not (r["ok"] and r["shape_ok"])]
     assert not bad, bad
-    # per dtype and case: fused (2 K_NORM modes) x 2 o_norm x 2 variants + attention x 2 variants
-    assert len(interp["rows"]) == 2 * 6 * (2 * 2 * 2 + 2)
-    assert {r["k_norm"] for r in interp["rows"] if r["impl"] == "fused"} == {"prepass", "inloop"}
+    # per dtype and case: fused (3 K_NORM modes) x 2 o_norm x 2 variants + attention x 2 variants
+    assert len(interp["rows"]) == 2 * 6 * (3 * 2 * 2 + 2)
+    assert {r["k_norm"] for r in interp["rows"] if r["impl"] == "fused"} == {"prepass", "inloop", "materialize"}
 
 
-def test_prepass_and_inloop_agree(interp):
-    """K_NORM = prepass (raw K in the dot, columns scaled by rstd_k, γk folded into Q) and inloop (K normalized per
-    tile) are the same math: their outputs differ by less than the check's tolerance (fp32: ~1e-6)."""
-    assert len(interp["agree"]) == 2 * 6 * 2 * 2
+def test_k_norm_modes_agree(interp):
+    """K_NORM = prepass (raw K in the dot, columns scaled by rstd_k, γk folded into Q), materialize (a normalized
+    copy of K) and inloop (K normalized per tile) are the same math: prepass and materialize differ from inloop by
+    less than the check's tolerance (fp32: ~1e-6)."""
+    assert len(interp["agree"]) == 2 * 6 * 2 * 2 * 2
     for r in interp["agree"]:
         assert r["diff"] <= r["tol"], r
         if r["dtype"] == "fp32":
@@ -103,7 +107,7 @@ def test_interpreter_fp32_is_tight(interp):
 
 
 def test_nan_stays_in_its_batch_element(interp):
-    assert len(interp["nan"]) == 6
+    assert len(interp["nan"]) == 8
     for r in interp["nan"]:
         assert r["own"] and r["others"], r
 
@@ -148,10 +152,10 @@ for c in cfgs:
     for op in ("qknorm_attention", "attention"):
         for causal in (True, False):
             r = K.compile_sm90(op, *T.compile_inputs(1000, 2, 32, "bf16"), config=c, causal=causal, o_norm=causal)
-            pre = r.get("k_rstd")
+            pre = r.get("k_rstd", r.get("k_norm"))
             out.append(dict(name=name, op=op, causal=causal, wgmma=r["ptx_markers"]["wgmma"], smem_ok=r["smem_ok"],
                             num_warps=r["num_warps"], tma=r["ptx_markers"]["tma_load"], want_tma=c.get("TMA", False),
-                            k_norm=c.get("K_NORM", "prepass"), prepass=pre is not None,
+                            k_norm=c.get("K_NORM", "prepass"), prepass="k_rstd" in r, materialize="k_norm" in r,
                             prepass_ok=pre is None or (pre["smem_ok"] and pre["ptx_markers"]["wgmma"] == 0)))
 print(json.dumps(out))
 """
@@ -159,13 +163,14 @@ print(json.dumps(out))
 
 def test_shipped_configs_compile_for_sm90_with_wgmma():
     out = run_python_json(_COMPILE, timeout=600)
-    assert len(out) == 5 * 4
-    assert {r["k_norm"] for r in out} == {"prepass", "inloop"}
+    assert len(out) == 6 * 4
+    assert {r["k_norm"] for r in out} == {"prepass", "inloop", "materialize"}
     for r in out:
         assert r["wgmma"] > 0 and r["smem_ok"], r
         assert (r["tma"] > 0) == r["want_tma"], r
         # the rstd_k pre-pass is launched for the fused op with K_NORM = prepass only (attention ignores K_NORM)
         assert r["prepass"] == (r["op"] == "qknorm_attention" and r["k_norm"] == "prepass"), r
+        assert r["materialize"] == (r["op"] == "qknorm_attention" and r["k_norm"] == "materialize"), r
         assert r["prepass_ok"], r
 
 

@@ -213,3 +213,11 @@ def test_bad_inputs():
         mx.block_amax([1.0] * 32)
     with pytest.raises(ValueError, match="do not match"):
         mx.dequantize(torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(2, 3, dtype=torch.uint8))
+
+
+def test_dequantize_stays_on_the_inputs_device():
+    """dequantize builds its scale factors on the scales' device (a CPU constant made the GPU run of
+    experiments.mxnorm_gemm fail with a device mismatch); the meta device stands in for CUDA here."""
+    d, s = mx.quantize(torch.randn(4, 64).to(torch.bfloat16), "floor")
+    out = mx.dequantize(d.to("meta"), s.to("meta"))
+    assert out.device.type == "meta" and out.shape == (4, 64) and out.dtype == torch.float32

@@ -72,3 +72,22 @@ def test_chain_script_plan_and_no_gpu(capsys):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="no CUDA device"):
             mxnorm_gemm.main(["--tokens", "8192"])
+
+
+def test_write_pairs_each_norm_cast_with_the_gemms_of_its_token_count(tmp_path):
+    """The chain table pairs every correct norm+cast with every correct GEMM of the same T (cuBLAS bf16 is the
+    unquantized reference, not a consumer); failed rows stay in results.csv and out of the chain."""
+    import pandas as pd
+
+    from experiments import mxnorm_gemm as mg
+
+    rows = [{"T": 8, "kind": "norm_cast", "impl": "a", "ok": True, "p50_ms": 1.0},
+            {"T": 8, "kind": "norm_cast", "impl": "b", "ok": False, "error": "ValueError: x"},
+            {"T": 16, "kind": "norm_cast", "impl": "a", "ok": True, "p50_ms": 2.0},
+            {"T": 8, "N": 4, "layer": "qkv", "kind": "gemm", "impl": "g", "ok": True, "p50_ms": 3.0},
+            {"T": 8, "N": 4, "layer": "qkv", "kind": "gemm", "impl": "cublas_bf16", "ok": True, "p50_ms": 2.0},
+            {"T": 16, "N": 4, "layer": "qkv", "kind": "gemm", "impl": "g", "ok": True, "p50_ms": 6.0}]
+    out = mg._write(rows, [8, 16], tmp_path)
+    ch = pd.read_csv(out / "chain.csv")
+    assert sorted(zip(ch["T"], ch["normcast_share_%"].round(1))) == [(8, 25.0), (16, 25.0)]
+    assert len(pd.read_csv(out / "results.csv")) == len(rows)

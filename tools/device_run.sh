@@ -10,7 +10,9 @@
 #   TEST_K="norms" OUT=/tmp/out bash tools/device_run.sh      (results: /tmp/out/run_<exp>.tgz, /tmp/out/logs.tgz)
 # Environment: OUT (output folder, required), TLX_CHECKS (space-separated kernels_tlx modules), SWEEPS
 # (space-separated experiment:run_id), SWEEP_ARGS (extra Hydra overrides), SWEEP_BUDGET_S (seconds for all sweeps),
-# TEST_K (pytest -k filter; "skip" skips the tests), TEST_BUDGET_S, TESTS_PARALLEL (1: upstream and TLX tests side by side), TILING_FILES (tiling yaml per TLX check module,
+# TEST_K (pytest -k filter; "skip" skips the tests), TEST_BUDGET_S, TESTS_PARALLEL (1: upstream and TLX tests side
+# by side; N > 1: one pytest process per test, N at a time, tools/gpu_tests_parallel.py), TEST_TIMEOUT_S (per test,
+# with N > 1), TILING_FILES (tiling yaml per TLX check module,
 # default configs/tiling/<module>_h200.yaml).
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -27,7 +29,10 @@ nvidia-smi --query-gpu=name,power.limit,clocks.sm,clocks.max.sm,temperature.gpu 
 
 run_tests() {  # make test-gpu = upstream pytest, then TLX pytest; TESTS_PARALLEL=1 runs the two side by side
   local kk=""; [ -n "${TEST_K:-}" ] && kk="-k '${TEST_K}'"   # expanded here: make would re-expand a literal \$
-  if [ "${TESTS_PARALLEL:-0}" = 1 ]; then
+  if [ "${TESTS_PARALLEL:-0}" -gt 1 ]; then   # one pytest process per test, TESTS_PARALLEL at a time
+    timeout -s INT "${TEST_BUDGET_S:-200}" python3 tools/gpu_tests_parallel.py --jobs "$TESTS_PARALLEL" \
+      --timeout "${TEST_TIMEOUT_S:-300}" ${TEST_K:+-k "$TEST_K"} --log-dir "$OUT" > "$OUT/test_gpu.log" 2>&1
+  elif [ "${TESTS_PARALLEL:-0}" = 1 ]; then
     local args=(-q --timeout 180 -p no:logging -m gpu); [ -n "${TEST_K:-}" ] && args+=(-k "$TEST_K")
     timeout -s INT "${TEST_BUDGET_S:-200}" python3 -m pytest "${args[@]}" tests --ignore=tests/tlx \
       > "$OUT/test_gpu.log" 2>&1 &
@@ -74,5 +79,5 @@ done
 
 [ "${TESTS_FIRST:-0}" != 1 ] && [ "${TEST_K:-}" != "skip" ] && run_tests
 tail -n 5 "$OUT"/sweep_*.log 2>/dev/null
-grep -E "passed|failed|error" "$OUT/test_gpu.log" 2>/dev/null | tail -4
+grep -E "passed|failed|error|FAILED|TIMEOUT|ERROR" "$OUT/test_gpu.log" 2>/dev/null | tail -8
 pack

@@ -17,10 +17,13 @@ The fused kernels normalize Q once per Q tile. K, by the tiling option ``K_NORM`
   γk into the normalized Q tile, feeds the raw K tile to the QKᵀ dot and scales the score columns by rstd_k
   (this is Lazy Pre-Norm's / FlashNorm's deferred normalization applied to QKᵀ);
 * ``inloop``: K is normalized once per K/V tile as it streams through the KV loop, i.e. renormalized by every Q
-  tile that reads it.
+  tile that reads it;
+* ``materialize``: a pre-pass kernel writes the normalized copy ``k_n`` ``[B, Hkv, S, D]`` in the input dtype and
+  the KV loop is exactly the plain attention loop over ``k_n`` (one extra write and read of K; an inference engine
+  that stores the normalized K in its KV cache pays the write anyway).
 
-Both launches are inside the timed ``qknorm_attention`` call; the pre-pass's extra read of K (and the rstd_k
-write / reads) is not counted in ``bytes_moved`` (the fewest bytes of the op). ``attention`` ignores ``K_NORM``.
+Both launches are inside the timed ``qknorm_attention`` call; the pre-pass's extra traffic (the rstd_k or k_n
+write and reads) is not counted in ``bytes_moved`` (the fewest bytes of the op). ``attention`` ignores ``K_NORM``.
 
 Shape mapping onto the sweep's integers (documented here because ``normfuse.shapes`` only knows M, N, K):
 ``M = S`` (sequence length, queries = keys), ``N = B`` (batch), ``K = Hq`` (query heads). The number of KV heads
