@@ -14,17 +14,19 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
 * **Consumers** (2 replicated warpgroups, ``setmaxnreg`` 232 registers, 64 query rows each):
   - Q is normalized once: the warpgroup reads its Q half from shared memory, computes
     ``q' = q * rsqrt(mean(q²) + eps) * q_weight * k_weight`` in fp32 (the K weight is folded into Q:
-    ``q_n · k_n = Σ_d (q_n,d γk_d) k_d · rstd_k``), rounds it and keeps it in registers as the wgmma A operand;
+    ``q_n · k_n = Σ_d (q_n,d γk_d) k_d · rstd_k``; ``K_NORM = "materialize"``: ``q_weight`` only), rounds it and
+    keeps it in registers as the wgmma A operand;
   - per KV tile: issue ``S = q' @ kᵀ`` on the *raw* K tile (wgmma, B straight from the TMA-loaded shared-memory
     buffer), get the K rows' ``rstd_k = rsqrt(mean(k²) + eps)`` (see ``K_NORM`` below), then ``S *= rstd_k ·
     log2(e)/sqrt(D)`` (a column scale), causal / sequence-end mask only on the tiles that need it, online softmax,
-    ``acc += p @ v`` (wgmma, A from registers);
+    ``acc += p @ v`` (wgmma, A from registers); ``K_NORM = "materialize"``: the K tiles are already normalized,
+    so ``S *= log2(e)/sqrt(D)`` exactly as in the plain ``attention``;
   - ``PINGPONG``: the two warpgroups take turns issuing their QKᵀ wgmma (named barriers 9 / 10, as the
     ping-pong tutorial), so one group's softmax overlaps the other's tensor-core work;
   - epilogue: ``acc / l``, optional output RMSNorm, masked pointer store.
 
-``rstd_k`` (``TilingConfig.K_NORM``; the math ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j ·
-Σ_d (q_i,d γq_d γk_d) k_j,d`` is the same for both):
+The K norm (``TilingConfig.K_NORM``; the math ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j ·
+Σ_d (q_i,d γq_d γk_d) k_j,d`` is the same for the first two):
 
 * ``"prepass"`` (default): a pre-pass kernel (``_k_rstd_kernel``, inside the public ``qknorm_attention`` call; a
   plain row reduction, ``RSTD_BLOCK_ROWS`` K rows per program, no TLX extension needed) reads K once and writes
@@ -35,13 +37,22 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
 * ``"inloop"`` (the previous code path): while the QKᵀ wgmma runs, each consumer warpgroup computes rstd_k from
   the K tile in shared memory in 32-column slices (``local_load``, fp32 sum of squares): once per K/V tile load
   per warpgroup, repeated by both warpgroups and by every Q tile, and competing with the wgmma for shared-memory
-  bandwidth.
+  bandwidth;
+* ``"materialize"``: a pre-pass kernel (``_k_norm_kernel``, also inside the ``qknorm_attention`` call,
+  ``RSTD_BLOCK_ROWS`` K rows per program, fp32 statistics) writes the normalized copy ``k_n = (k · rstd_k ·
+  k_weight).to(k.dtype)``, ``[B, Hkv, S, D]`` (a scratch tensor), and the attention kernel streams ``k_n`` through
+  TMA exactly like the plain ``attention``: no K work at all in the KV loop (no rstd load, no column scale), only
+  the Q tile is normalized (``q_weight`` only). Cost: one extra write and read of K, ``2·B·Hkv·S·D·2`` bytes
+  (bf16/fp16) — what an inference engine does anyway when it writes the normalized K into its KV cache (there
+  the pre-pass is the KV-cache write, paid once per token, not per attention call).
 
-``attention`` (no norms) ignores ``K_NORM``. Rounding differs slightly from the unfused path (K is never rounded
-after normalization; Q carries γk), within the flash-attention tolerance.
+``attention`` (no norms) ignores ``K_NORM``. Rounding differs slightly from the unfused path (prepass / inloop: K
+is never rounded after normalization and Q carries γk; materialize rounds k_n to the input dtype like the unfused
+path), within the flash-attention tolerance.
 
-What TLX could express: both forms; the prepass form keeps the FA3-style pipeline of the plain attention (TMA →
-shared memory → wgmma) and adds one ``[BLOCK_N]`` fp32 load and a column scale per tile. What it could not (or
+What TLX could express: all three forms; the prepass form keeps the FA3-style pipeline of the plain attention (TMA
+→ shared memory → wgmma) and adds one ``[BLOCK_N]`` fp32 load and a column scale per tile; the materialize form's
+KV loop is the plain attention's. What it could not (or
 this module does not): a normalized K tile shared by the CTAs of one launch (hence the pre-pass, one extra read
 of K: ~0.1-1% of the attention time at the benchmark shapes); the intra-warpgroup software pipelining of the
 "pipelined ping-pong" tutorial (QKᵀ of tile j+1 overlapping PV of tile j) is not used; a TMA load of the rstd_k
@@ -75,8 +86,8 @@ from normfuse.tiling import TilingConfigBase
 LOG2E = 1.4426950408889634
 NUM_MMA_GROUPS = 2  # consumer warpgroups, 64 query rows each
 CONSUMER_REGS = 232
-K_NORM_MODES = ("prepass", "inloop")
-RSTD_BLOCK_ROWS = 64  # K rows per program of the rstd_k pre-pass
+K_NORM_MODES = ("prepass", "inloop", "materialize")
+RSTD_BLOCK_ROWS = 64  # K rows per program of the pre-pass (rstd_k or k_n)
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,8 @@ class TilingConfig(TilingConfigBase):
     """``BLOCK_M`` (128: two consumer warpgroups of 64 rows), ``BLOCK_N`` (64 or 128 keys per step),
     ``NUM_BUFFERS`` (K/V ring depth, 2-4), ``PINGPONG`` (ordered QKᵀ issue between the two warpgroups),
     ``K_NORM`` (``"prepass"``: a pre-pass kernel computes ``rstd_k`` and the consumers load it as a ``[BLOCK_N]``
-    vector; ``"inloop"``: the consumers compute ``rstd_k`` from the K tile in shared memory; ignored by
+    vector; ``"inloop"``: the consumers compute ``rstd_k`` from the K tile in shared memory; ``"materialize"``: a
+    pre-pass kernel writes the normalized K copy ``k_n`` and the KV loop is the plain attention's; ignored by
     ``attention``). Raises ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
@@ -118,12 +130,29 @@ def _k_rstd_kernel(K, RSTD, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexp
 
 
 @triton.jit
+def _k_norm_kernel(K, KW, KN, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Pre-pass of ``K_NORM = "materialize"``: ``k_n[r, :] = (k[r, :] * rstd[r] * k_weight).to(k.dtype)`` with
+    ``rstd[r] = 1 / sqrt(mean_d(k[r, d]²) + eps)`` in fp32, for the ``R = B * Hkv * S`` rows of K (a plain row
+    reduction: no TLX extension needed)."""
+    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ptrs = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
+    row_ok = offs_r[:, None] < R
+    kf = tl.load(K + ptrs, mask=row_ok, other=0.0).to(tl.float32)
+    kw = tl.load(KW + offs_d).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps)
+    tl.store(KN + ptrs, (kf * rstd[:, None] * kw[None, :]).to(KN.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
 def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        NUM_BUFFERS: tl.constexpr, NUM_MMA_GROUPS: tl.constexpr, CAUSAL: tl.constexpr,
                        NORM_QK: tl.constexpr, K_PREPASS: tl.constexpr, NORM_O: tl.constexpr,
-                       PINGPONG: tl.constexpr, CONSUMER_REGS: tl.constexpr):
+                       PINGPONG: tl.constexpr, CONSUMER_REGS: tl.constexpr, K_MATERIALIZED: tl.constexpr):
+    # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
+    COL_SCALE: tl.constexpr = NORM_QK and not K_MATERIALIZED  # scale S's columns by rstd_k (prepass / inloop)
     D_CHUNK: tl.constexpr = 32
     dtype = Q.dtype.element_ty
     start_m = tl.program_id(0)
@@ -182,7 +211,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
             offs_d = tl.arange(0, HEAD_DIM)
             tlx.barrier_wait(q_fulls[cid], 0)
             qf = tlx.local_load(q_tiles[cid]).to(tl.float32)
-            if NORM_QK:  # once per Q tile; k_weight folded into Q (the K rows' rstd scales S's columns)
+            if K_MATERIALIZED:  # once per Q tile; K arrives normalized (k_n, γk included): γq only
+                qw = tl.load(QW + offs_d).to(tl.float32)
+                qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * qw[None, :]
+            elif NORM_QK:  # once per Q tile; k_weight folded into Q (the K rows' rstd scales S's columns)
                 qw = tl.load(QW + offs_d).to(tl.float32)
                 kw = tl.load(KW + offs_d).to(tl.float32)
                 qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * (qw * kw)[None, :]
@@ -215,7 +247,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                         tlx.named_barrier_arrive(9, 256)
                 if K_PREPASS:
                     col_scale = rstd_k * qk_scale
-                elif NORM_QK:  # "inloop": rstd of the K rows, from shared memory, while the wgmma runs
+                elif COL_SCALE:  # "inloop": rstd of the K rows, from shared memory, while the wgmma runs
                     ss = tl.zeros([BLOCK_N], dtype=tl.float32)
                     for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
                         kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [0, d0], [BLOCK_N, D_CHUNK]))
@@ -224,9 +256,9 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     col_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
                 qk = tlx.async_dot_wait(0, qk)
                 tlx.barrier_arrive(k_empties[buf], 1)
-                if NORM_QK:
+                if COL_SCALE:
                     qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
-                else:
+                else:  # attention, or K_NORM = "materialize" (k_n already normalized)
                     qk = qk * qk_scale
                 need_mask = start_n + BLOCK_N > S
                 if CAUSAL:
@@ -275,20 +307,26 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     o = torch.empty_like(q)
     dummy = q
     prepass = norms and cfg.K_NORM == "prepass"  # attention (no norms) ignores K_NORM
-    pre = None
+    materialize = norms and cfg.K_NORM == "materialize"
+    pre = None  # (pre-pass kernel, args, grid, launch kwargs)
     rstd_k = dummy
+    R = B * Hkv * S
+    pre_grid = (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1)
+    pre_kw = dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1)
     if prepass:  # rstd_k [B * Hkv, S] fp32, one value per K row (not a normalized copy of K)
-        R = B * Hkv * S
         rstd_k = torch.empty(R, dtype=torch.float32, device=q.device)
-        pre = ((k, rstd_k, R, float(eps)), (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1),
-               dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1))
+        pre = (_k_rstd_kernel, (k, rstd_k, R, float(eps)), pre_grid, pre_kw)
+    if materialize:  # k_n [B, Hkv, S, D] in k's dtype (γk included); the attention kernel reads it instead of k
+        k_n = torch.empty_like(k)
+        pre = (_k_norm_kernel, (k, k_weight, k_n, R, float(eps)), pre_grid, pre_kw)
+        k = k_n
     args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
             o_weight if o_weight is not None else dummy, rstd_k, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
     grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
               NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, K_PREPASS=prepass,
-              NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
-              num_stages=1)
+              NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
+              K_MATERIALIZED=materialize, num_warps=4, num_stages=1)
     return o, args, grid, kw, pre
 
 
@@ -296,18 +334,21 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
                      k_weight: torch.Tensor, *, causal: bool, eps: float = 1e-6, o_weight=None,
                      config=None) -> torch.Tensor:
     """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo] in one
-    warp-specialized kernel, preceded by the rstd_k pre-pass kernel (fp32 ``[B, Hkv, S]`` scratch) when
-    ``K_NORM = "prepass"``.
+    warp-specialized kernel, preceded (in this call) by a pre-pass kernel over K when ``K_NORM = "prepass"``
+    (``_k_rstd_kernel``: rstd_k, fp32 ``[B, Hkv, S]`` scratch) or ``"materialize"`` (``_k_norm_kernel``: the
+    normalized copy ``k_n = (k · rstd_k · γk).to(k.dtype)``, ``[B, Hkv, S, D]`` scratch, which the attention
+    kernel then streams instead of k; one extra write + read of K, ``2·B·Hkv·S·D·2`` bytes, as an inference engine
+    pays anyway when it writes the normalized K into its KV cache).
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv, D in {64, 128}), weights ``[D]``, one
     dtype (bf16/fp16), contiguous CUDA tensors. Returns o ``[B, Hq, S, D]``. Raises TypeError / ValueError for bad
     inputs (``normfuse.techniques.fna_llm.check_inputs`` plus the dtype / D limits above) or config (e.g. ``K_NORM``
-    not prepass / inloop), ValueError for CPU tensors.
+    not prepass / inloop / materialize), ValueError for CPU tensors.
     """
     o, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
-    if pre is not None:  # K_NORM = "prepass": rstd_k first (same stream, so ordered before the attention)
-        pre_args, pre_grid, pre_kw = pre
-        _k_rstd_kernel[pre_grid](*pre_args, **pre_kw)
+    if pre is not None:  # K_NORM = "prepass" / "materialize": rstd_k or k_n first (same stream, so ordered)
+        pre_kernel, pre_args, pre_grid, pre_kw = pre
+        pre_kernel[pre_grid](*pre_args, **pre_kw)
     triton.set_allocator(_alloc_fn)  # device-side TMA descriptors
     _fna_llm_ws_kernel[grid](*args, **kw)
     return o
@@ -327,8 +368,11 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
     """Compile ``op`` ('qknorm_attention' / 'attention') for sm_90a without a GPU (needs
     ``normfuse.compile_only.install(90)``; CPU tensors, never read). Returns ``normfuse.compile_only.summarize``
     (ptx_markers: wgmma, tma_load, mbarrier, setmaxnreg, ...) plus ``pingpong_barriers`` (``bar.sync`` /
-    ``bar.arrive`` on named barriers 9 / 10), ``tensormap_create`` (device-side descriptors), ``grid``, and for
-    'qknorm_attention' with ``K_NORM = "prepass"`` ``k_rstd`` (the pre-pass kernel's summary)."""
+    ``bar.arrive`` on named barriers 9 / 10), ``tensormap_create`` (device-side descriptors), ``global_loads``
+    (``tt.load`` ops in the TTGIR: the weight vectors and, for ``K_NORM = "prepass"``, the rstd_k vector; the
+    TMA loads are not counted), ``grid``, and for 'qknorm_attention' with ``K_NORM = "prepass"`` or
+    ``"materialize"`` ``k_rstd`` (the pre-pass kernel's summary: ``_k_rstd_kernel`` or ``_k_norm_kernel``) and
+    ``k_prepass`` (its name)."""
     from normfuse.compile_only import summarize
 
     if op not in ("qknorm_attention", "attention"):
@@ -345,10 +389,12 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
     out = summarize(compiled)
     out["pingpong_barriers"] = len(re.findall(r"\bbar\.(?:sync|arrive)\s+(?:9|10),", ptx))  # named barriers 9 / 10
     out["tensormap_create"] = "tensormap.replace" in ptx  # device-side TMA descriptors
+    out["global_loads"] = len(re.findall(r"\btt\.load\b", compiled.asm["ttgir"]))
     out["grid"] = grid
     if pre is not None:
-        pre_args, pre_grid, pre_kw = pre
-        out["k_rstd"] = summarize(_k_rstd_kernel.warmup(*pre_args, grid=pre_grid, **pre_kw))
+        pre_kernel, pre_args, pre_grid, pre_kw = pre
+        out["k_rstd"] = summarize(pre_kernel.warmup(*pre_args, grid=pre_grid, **pre_kw))
+        out["k_prepass"] = pre_kernel.fn.__name__
     return out
 
 

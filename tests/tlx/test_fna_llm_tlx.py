@@ -2,9 +2,11 @@
 
 1. sm_90a compile (fake driver, no GPU) of every shipped config, both ops, causal and not, with / without the output
    norm: wgmma, TMA loads (device-side descriptors), mbarriers and setmaxnreg in the PTX, shared memory within the
-   H200's limit, the ping-pong named barriers exactly when PINGPONG is on; the rstd_k pre-pass compiled exactly for
-   the fused op with K_NORM = prepass; no register spills beyond a few bytes (both K_NORM modes); K_NORM = prepass
-   reads no K tile from shared memory into registers (fewer ld.shared than inloop);
+   H200's limit, the ping-pong named barriers exactly when PINGPONG is on; the K pre-pass compiled exactly for the
+   fused op with K_NORM = prepass (rstd_k) / materialize (k_n); no register spills beyond a few bytes (all three
+   K_NORM modes); K_NORM = prepass reads no K tile from shared memory into registers (fewer ld.shared than inloop);
+   K_NORM = materialize has no K work in the KV loop: its only global loads are the weight vectors (no rstd_k load,
+   which prepass issues per KV tile), no K tile read into registers, and the pre-pass stores k_n;
 2. bad inputs and configs (a bad K_NORM raises ValueError);
 3. GPU (marker ``gpu``): every shipped config through the sweep worker's check and the NaN isolation check.
 """
@@ -50,7 +52,7 @@ def _tlx_entries(path: Path) -> list[dict]:
 
 
 CONFIGS = _tlx_entries(Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
-assert len(CONFIGS) == 4 and {c["K_NORM"] for c in CONFIGS} == {"prepass", "inloop"}, CONFIGS
+assert len(CONFIGS) == 5 and {c["K_NORM"] for c in CONFIGS} == {"prepass", "inloop", "materialize"}, CONFIGS
 
 
 def _cfg(c):
@@ -71,24 +73,34 @@ def test_shipped_configs_compile_for_sm90a(entry, op, causal):
     assert r["tensormap_create"]
     assert (r["pingpong_barriers"] > 0) == cfg.get("PINGPONG", True)
     assert r["grid"] == (8, 64, 1)
-    pre = r.get("k_rstd")  # the rstd_k pre-pass: fused op with K_NORM = prepass only (attention ignores K_NORM)
-    assert (pre is not None) == (op == "qknorm_attention" and cfg.get("K_NORM", "prepass") == "prepass"), r
+    # the K pre-pass: fused op with K_NORM = prepass (rstd_k) or materialize (k_n) only (attention ignores K_NORM)
+    k_norm = cfg.get("K_NORM", "prepass") if op == "qknorm_attention" else None
+    pre = r.get("k_rstd")
+    assert (pre is not None) == (k_norm in ("prepass", "materialize")), r
+    assert r.get("k_prepass") == {"prepass": "_k_rstd_kernel", "materialize": "_k_norm_kernel"}.get(k_norm), r
     if pre is not None:
         assert pre["smem_ok"] and pre["ptx_markers"]["wgmma"] == 0, pre
+    # global (non-TMA) loads, per consumer warpgroup: q_weight [+ k_weight] [+ o_weight] once, + prepass's rstd_k
+    # vector per KV tile; materialize loads no K-side data at all (k_n arrives by TMA like the plain attention's K)
+    per_group = {"prepass": 3, "inloop": 2, "materialize": 1, None: 0}[k_norm] + (k_norm is not None and causal)
+    assert r["global_loads"] == K.NUM_MMA_GROUPS * per_group, (k_norm, causal, r["global_loads"])
 
 
 def test_registers_and_spills():
-    """ptxas -v on the PTX of the default config (both ops, both K_NORM modes): no spills beyond a few words; the
-    prepass kernel reads the K tile from shared memory only through wgmma (fewer ld.shared than inloop)."""
+    """ptxas -v on the PTX of the default config (both ops, all three K_NORM modes): no spills beyond a few words;
+    the prepass and materialize kernels read the K tile from shared memory only through wgmma (fewer ld.shared than
+    inloop); materialize's only ld.global are the q_weight loads (one per consumer warpgroup), prepass's add k_weight
+    and the per-tile rstd_k vector."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ld_shared = {}
-    for norms, k_norm in ((True, "prepass"), (True, "inloop"), (False, "prepass")):
+    ld_shared, ld_global = {}, {}
+    for norms, k_norm in ((True, "prepass"), (True, "inloop"), (True, "materialize"), (False, "prepass")):
         q, k, v, qw, kw = T.compile_inputs(1000, 2, 32, "bf16")
         _, args, grid, kwd, _ = K._prepare(q, k, v, qw if norms else None, kw if norms else None, None, True, 1e-6,
                                            {"K_NORM": k_norm}, norms, need_cuda=False)
         ptx = K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd).asm["ptx"]
         ld_shared[(norms, k_norm)] = len(re.findall(r"\bld\.shared", ptx))
+        ld_global[(norms, k_norm)] = len(re.findall(r"\bld\.global", ptx))
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp) / "k.ptx"
             src.write_text(ptx)
@@ -98,6 +110,28 @@ def test_registers_and_spills():
         assert p.returncode == 0 and spills, p.stderr[-2000:]
         assert int(spills.group(1)) <= 64, p.stdout + p.stderr
     assert ld_shared[(True, "prepass")] < ld_shared[(True, "inloop")], ld_shared
+    assert ld_shared[(True, "materialize")] <= ld_shared[(True, "prepass")], ld_shared
+    assert ld_global[(True, "materialize")] == K.NUM_MMA_GROUPS < ld_global[(True, "prepass")], ld_global
+    assert ld_global[(False, "prepass")] == 0, ld_global
+
+
+def test_materialize_prepass_writes_normalized_k():
+    """K_NORM = materialize: the pre-pass (_k_norm_kernel) reads K and k_weight and stores k_n in K's dtype
+    (st.global of 16-bit values, an rsqrt-style reduction); the attention kernel gets k_n, not k, as its K operand,
+    and the same (shape, dtype) scratch as k."""
+    q, k, v, qw, kw = T.compile_inputs(1000, 2, 32, "bf16")
+    _, args, grid, kwd, pre = K._prepare(q, k, v, qw, kw, None, True, 1e-6, {"K_NORM": "materialize"}, True,
+                                         need_cuda=False)
+    kernel, pre_args, pre_grid, pre_kw = pre
+    assert kernel is K._k_norm_kernel and pre_args[0] is k and pre_args[1] is kw
+    k_n = pre_args[2]
+    assert args[1] is k_n and k_n is not k and k_n.shape == k.shape and k_n.dtype == k.dtype
+    assert kwd["K_MATERIALIZED"] and kwd["NORM_QK"] and not kwd["K_PREPASS"]
+    assert pre_grid == (-(-2 * 8 * 1000 // K.RSTD_BLOCK_ROWS), 1, 1)
+    ptx = kernel.warmup(*pre_args, grid=pre_grid, **pre_kw).asm["ptx"]
+    assert re.search(r"\bst\.global(?:\.v\d)?\.b(?:16|32|64|128)", ptx) and "sqrt" in ptx, ptx[-3000:]
+    # the prepass mode's rstd_k buffer is not allocated for materialize
+    assert args[7] is q  # RSTD_K slot: the dummy
 
 
 def test_bad_inputs_and_configs():
@@ -120,6 +154,11 @@ def test_bad_inputs_and_configs():
         K.TilingConfig(NUM_BUFFERS=1)
     with pytest.raises(ValueError, match="K_NORM"):
         K.TilingConfig(K_NORM="PREPASS")
+    with pytest.raises(ValueError, match="K_NORM"):
+        K.TilingConfig(K_NORM="materialized")
+    with pytest.raises(ValueError, match="CUDA"):  # a valid materialize config still needs CUDA tensors
+        K.qknorm_attention(q, k, v, qw, kw, causal=True, config={"K_NORM": "materialize"})
+    assert K.TilingConfig(K_NORM="materialize").K_NORM == "materialize"
     with pytest.raises(ValueError, match="K_NORM"):
         K.compile_sm90("qknorm_attention", *T.compile_inputs(64, 1, 8, "bf16"), config={"K_NORM": 1})
     assert K.TilingConfig().K_NORM == "prepass"
