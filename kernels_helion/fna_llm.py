@@ -7,7 +7,7 @@ Written with **2-D tiles** (dsl-primer §B.8): the grid is ``hl.tile([B*Hq, S], 
 ``hl.dot`` on 2-D operands. (Helion's own ``examples/attention.py`` style with 3-D tiles and ``torch.bmm`` fails
 to compile for sm_90, dsl-primer blocker 4.)
 
-Two ways to normalize K (``TilingConfig.K_NORM``), both inside the public ``qknorm_attention`` call:
+Three ways to normalize K (``TilingConfig.K_NORM``), all inside the public (timed) ``qknorm_attention`` call:
 
 * ``"prepass"`` (default), the algebraic form
   ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j · Σ_d (q_i,d γq_d γk_d) k_j,d``: a second Helion
@@ -17,18 +17,28 @@ Two ways to normalize K (``TilingConfig.K_NORM``), both inside the public ``qkno
   separate ``[BLOCK_N]`` fp32 load per K tile) before the masks and the online softmax. No loaded tile feeds
   both a dot and a reduction (dsl-primer §0 blocker 1, which Helion's generated code can hit, cannot apply);
 * ``"inloop"`` (the previous code path): K tiles normalized in fp32 as they stream through the KV loop (once per
-  K/V tile load, by every Q tile), rounded, fed to ``hl.dot``.
+  K/V tile load, by every Q tile), rounded, fed to ``hl.dot``;
+* ``"materialize"``: no K work at all in the KV loop. A pre-pass kernel (``_k_norm_kernel``, ``KNORM_CONFIG``)
+  reads K once and writes the normalized copy ``k_n = (k · rsqrt(mean_d(k²) + eps) · γk).to(k.dtype)``,
+  ``[B, Hkv, S, D]`` (fp32 statistics; a scratch tensor allocated per call like the rstd_k buffer), and the
+  attention kernel runs the plain ``attention`` KV loop on ``k_n`` (raw tile into ``hl.dot``, no rstd load, no
+  column scale, the same ``log2(e)/sqrt(D)`` scale) after normalizing only the Q tile (with ``γq`` alone). It is
+  the combination ``norm_qk`` with neither ``k_inloop`` nor ``k_prepass`` of the kernel's constexpr flags, with
+  ``k_n`` passed as K. Cost: one extra write + read of K, ``2·B·Hkv·S·D·2`` bytes in bf16, which an inference
+  engine pays anyway when it writes the normed K into its KV cache (and then every later decode/prefill step
+  reads the normalized K directly).
 
 ``attention`` (no norms) ignores ``K_NORM``.
 
 * Q tile: loaded once, normalized in fp32 (``rsqrt(mean(q²) + eps) * q_weight``, times ``k_weight`` for
-  prepass), rounded to the input dtype; scores scaled by ``log2(e)/sqrt(D)`` in fp32, softmax in base 2;
+  prepass only), rounded to the input dtype; scores scaled by ``log2(e)/sqrt(D)`` in fp32, softmax in base 2;
 * causal: the KV loop is ``hl.tile(0, tile_m.end)`` (Helion clamps ``tile_m.end`` to S; blocks above the
   diagonal are never visited) and
   the diagonal block is masked with ``torch.where``; keys past S are masked likewise;
 * epilogue: ``acc / l``, optional output RMSNorm, store.
 
-What Helion could express: the prepass form (two ``helion.kernel`` s, a column scale of a 2-D ``hl.dot`` result).
+What Helion could express: the prepass and materialize forms (two ``helion.kernel`` s launched from one Python
+function; a column scale of a 2-D ``hl.dot`` result; a row-normalizing pre-pass that writes a ``[rows, D]`` tile).
 What it could not: the split of the KV loop into an unmasked part and a masked diagonal part (FlashAttention's
 two stages; the mask is applied on every block, a few % of ALU work); warp specialization / ping-pong scheduling
 of the two softmax halves (Helion generates plain Triton); a normalized K tile shared by the Q tiles of one
@@ -36,7 +46,8 @@ launch (hence the pre-pass, one extra read of K: ~0.1-1% of the attention time a
 loads of the K/V tiles (with ``indexing="tensor_descriptor"`` Helion 1.5 turns only the Q load into a TMA load,
 the loads of the KV loop, bounded by the Q tile, stay pointer loads; so the configs use pointer indexing).
 
-Numerics: fp32 statistics (rstd_q, rstd_k), softmax state and accumulator; one program per (batch x head, Q tile),
+Numerics: fp32 statistics (rstd_q, rstd_k), softmax state and accumulator (materialize: ``k_n`` rounded to the
+input dtype before the dot, exactly as inloop rounds its normalized K tile); one program per (batch x head, Q tile),
 one rstd_k per K row, masked key columns get ``-inf`` and their V rows are zeroed, so a NaN/Inf in one batch
 element cannot reach another.
 
@@ -72,7 +83,7 @@ from normfuse.tiling import TilingConfigBase
 
 OPS = ("qknorm_attention", "attention")
 LOG2E = 1.4426950408889634
-K_NORM_MODES = ("prepass", "inloop")
+K_NORM_MODES = ("prepass", "inloop", "materialize")
 
 
 @helion.kernel(static_shapes=True, autotune_effort="none")
@@ -82,6 +93,17 @@ def _k_rstd_kernel(k2: torch.Tensor, rstd: torch.Tensor, eps: float) -> None:
     for tile_r in hl.tile(k2.size(0)):
         x = k2[tile_r, :].to(torch.float32)
         rstd[tile_r] = torch.rsqrt(torch.sum(x * x, dim=-1) / d + eps)
+
+
+@helion.kernel(static_shapes=True, autotune_effort="none")
+def _k_norm_kernel(k2: torch.Tensor, k_weight: torch.Tensor, k_n: torch.Tensor, eps: float) -> None:
+    """Pre-pass of K_NORM = "materialize": ``k_n[r, :] = (k2[r, :] · rsqrt(mean_d(k2[r, d]²) + eps) · k_weight)``
+    rounded to ``k_n``'s dtype, for the rows ``r`` of ``k2 [B*Hkv*S, D]`` (statistics and products in fp32)."""
+    d = hl.specialize(k2.size(1))
+    for tile_r in hl.tile(k2.size(0)):
+        x = k2[tile_r, :].to(torch.float32)
+        rstd = torch.rsqrt(torch.sum(x * x, dim=-1, keepdim=True) / d + eps)
+        k_n[tile_r, :] = (x * rstd * k_weight[None, :].to(torch.float32)).to(k_n.dtype)
 
 
 @helion.kernel(static_shapes=True, autotune_effort="none", dot_precision="ieee")
@@ -122,7 +144,8 @@ def _fna_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: tor
                 kf = kt.to(torch.float32)
                 kt = (kf * torch.rsqrt(torch.mean(kf * kf, dim=-1, keepdim=True) + eps)
                       * k_weight[None, :].to(torch.float32)).to(kv.dtype)
-            s = hl.dot(qt, kt.T, out_dtype=torch.float32)  # k_prepass: the raw K tile feeds only the dot
+            # k_prepass: the raw K tile feeds only the dot; materialize (neither flag): kv is k_n, as in attention
+            s = hl.dot(qt, kt.T, out_dtype=torch.float32)
             if k_prepass:  # column scale rstd_k[n] (fp32, a separate [BLOCK_N] load) · log2(e)/sqrt(D)
                 s = s * (k_rstd[bkv, tile_n] * qk_scale)[None, :]
             else:
@@ -154,8 +177,9 @@ def _is_pow2(v) -> bool:
 class TilingConfig(TilingConfigBase):
     """``block_sizes`` ``(BLOCK_M, BLOCK_N)`` (powers of two in [16, 256]), ``num_warps`` (power of two, 1..16),
     ``num_stages`` (1..6), ``K_NORM`` (``"prepass"``: a pre-pass kernel computes ``rstd_k`` and the KV loop scales
-    the score columns; ``"inloop"``: every K tile is normalized in the KV loop; ignored by ``attention``). Raises
-    ValueError naming the violated constraint."""
+    the score columns; ``"inloop"``: every K tile is normalized in the KV loop; ``"materialize"``: a pre-pass kernel
+    writes the normalized K copy ``k_n`` and the KV loop is the plain attention loop; ignored by ``attention``).
+    Raises ValueError naming the violated constraint."""
 
     block_sizes: tuple = (128, 64)
     num_warps: int = 8
@@ -185,6 +209,18 @@ class TilingConfig(TilingConfigBase):
 _COMPILED: dict = {}
 # the rstd_k pre-pass: 32 K rows x D per program (D = 128 bf16: 8 KB), a memory-bound row reduction
 RSTD_CONFIG = helion.Config(block_sizes=[32], num_warps=4, num_stages=1)
+# the k_n pre-pass (materialize): the same 32 K rows x D per program, read 8 KB + write 8 KB (bf16, D = 128)
+KNORM_CONFIG = helion.Config(block_sizes=[32], num_warps=4, num_stages=1)
+
+
+@dataclass(frozen=True)
+class _PrePass:
+    """A K pre-pass launch: ``name`` (``"k_rstd"`` or ``"k_norm"``), the Helion kernel, its arguments, its config."""
+
+    name: str
+    kernel: object
+    args: tuple
+    config: helion.Config
 
 
 def ref_mode() -> bool:
@@ -192,10 +228,13 @@ def ref_mode() -> bool:
     return is_ref_mode_enabled(_fna_kernel.settings)
 
 
-def _args(q, k, v, q_weight, k_weight, o_weight, causal, eps, norms: bool, config) -> tuple[tuple, TilingConfig]:
-    """Validate; return (the ``_fna_kernel`` arguments, the TilingConfig). ``k_rstd`` (argument 6) is a
-    ``[B*Hkv, S]`` fp32 buffer for the pre-pass when ``norms`` and ``K_NORM = "prepass"``, else None
-    (``attention`` ignores K_NORM)."""
+def _args(q, k, v, q_weight, k_weight, o_weight, causal, eps, norms: bool,
+          config) -> tuple[tuple, TilingConfig, _PrePass | None]:
+    """Validate; return (the ``_fna_kernel`` arguments, the TilingConfig, the K pre-pass or None). With ``norms``:
+    ``K_NORM = "prepass"``: ``k_rstd`` (argument 6) is a ``[B*Hkv, S]`` fp32 buffer written by ``_k_rstd_kernel``;
+    ``"materialize"``: argument 1 is a ``[B, Hkv, S, D]`` scratch ``k_n`` written by ``_k_norm_kernel`` from k
+    and k_weight, and the attention kernel gets ``k_weight = None``; ``"inloop"``: no pre-pass. ``attention``
+    ignores K_NORM (no norms, no pre-pass)."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if norms and (q_weight is None or k_weight is None):
@@ -204,17 +243,18 @@ def _args(q, k, v, q_weight, k_weight, o_weight, causal, eps, norms: bool, confi
     cfg = TilingConfig.from_dict(config)
     if not norms:
         q_weight = k_weight = o_weight = None
-    prepass = norms and cfg.K_NORM == "prepass"
-    k_rstd = torch.empty(B * Hkv, S, dtype=torch.float32, device=q.device) if prepass else None
-    return (q, k, v, q_weight, k_weight, o_weight, k_rstd, float(eps), causal, norms, norms and not prepass,
-            prepass), cfg
-
-
-def _rstd_args(args: tuple) -> tuple:
-    """``_k_rstd_kernel`` arguments for the ``_fna_kernel`` arguments ``args``: K as ``[B*Hkv*S, D]`` rows, the flat
-    ``k_rstd`` buffer, eps."""
-    k, k_rstd = args[1], args[6]
-    return (k.view(-1, k.shape[-1]), k_rstd.view(-1), args[7])
+    mode = cfg.K_NORM if norms else None
+    k_rstd, pre = None, None
+    if mode == "prepass":
+        k_rstd = torch.empty(B * Hkv, S, dtype=torch.float32, device=q.device)
+        pre = _PrePass("k_rstd", _k_rstd_kernel, (k.view(-1, D), k_rstd.view(-1), float(eps)), RSTD_CONFIG)
+    elif mode == "materialize":
+        k_n = torch.empty_like(k)
+        pre = _PrePass("k_norm", _k_norm_kernel, (k.view(-1, D), k_weight, k_n.view(-1, D), float(eps)),
+                       KNORM_CONFIG)
+        k, k_weight = k_n, None  # the attention kernel streams k_n like plain attention streams k
+    return (q, k, v, q_weight, k_weight, o_weight, k_rstd, float(eps), causal, norms, mode == "inloop",
+            mode == "prepass"), cfg, pre
 
 
 def _compiled(kernel, args: tuple, key: tuple, hcfg: helion.Config):
@@ -227,19 +267,17 @@ def _compiled(kernel, args: tuple, key: tuple, hcfg: helion.Config):
     return fn
 
 
-def _run(args: tuple, cfg: TilingConfig):
-    prepass = args[6] is not None
+def _run(args: tuple, cfg: TilingConfig, pre: _PrePass | None):
     if ref_mode():
-        if prepass:
-            _k_rstd_kernel(*_rstd_args(args))
+        if pre is not None:
+            pre.kernel(*pre.args)
         return _fna_kernel(*args)
     q, k = args[0], args[1]
     if q.device.type != "cuda":
         raise ValueError(f"needs CUDA tensors (got {q.device}); on CPU set HELION_INTERPRET=1 before importing "
                          "helion (ref mode), or use compile_sm90")
-    if prepass:  # rstd_k first (same stream, so ordered before the attention); part of the timed call
-        pre = _rstd_args(args)
-        _compiled(_k_rstd_kernel, pre, ("k_rstd", tuple(k.shape), k.dtype, k.device), RSTD_CONFIG)(*pre)
+    if pre is not None:  # rstd_k / k_n first (same stream, so ordered before the attention); part of the timed call
+        _compiled(pre.kernel, pre.args, (pre.name, tuple(k.shape), k.dtype, k.device), pre.config)(*pre.args)
     key = (tuple(q.shape), tuple(k.shape), q.dtype, q.device, args[5] is not None, args[8:], cfg)
     return _compiled(_fna_kernel, args, key, cfg.to_helion())(*args)
 
@@ -248,12 +286,17 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
                      k_weight: torch.Tensor, *, causal: bool, eps: float = 1e-6, o_weight=None,
                      config=None) -> torch.Tensor:
     """``softmax(RMSNorm(q)·γq (RMSNorm(k)·γk)ᵀ / sqrt(D) [causal]) v`` [then RMSNorm(·)·γo]: one attention
-    kernel, preceded by the rstd_k pre-pass kernel (fp32 ``[B*Hkv, S]`` scratch) when ``K_NORM = "prepass"``.
+    kernel, preceded (same stream, both launches inside this call) by a K pre-pass kernel depending on ``K_NORM``:
+    ``"prepass"``: ``rstd_k`` (fp32 ``[B*Hkv, S]`` scratch); ``"materialize"``: the normalized K copy
+    ``k_n = (k·rsqrt(mean(k²) + eps)·γk).to(k.dtype)`` (``[B, Hkv, S, D]`` scratch, fp32 statistics; one extra
+    write + read of K, ``2·B·Hkv·S·D·itemsize`` bytes, what an inference engine pays anyway when it stores the
+    normed K in its KV cache), after which the attention kernel's KV loop is that of ``attention``;
+    ``"inloop"``: none (K tiles normalized in the KV loop).
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv), weights ``[D]``, one dtype (bf16 on the
     GPU), contiguous, CUDA (CPU in ref mode). Returns o ``[B, Hq, S, D]`` in q's dtype. Raises TypeError /
     ValueError for bad inputs (``normfuse.techniques.fna_llm.check_inputs``) or config (e.g. ``K_NORM`` not
-    prepass / inloop), ValueError for CPU tensors outside ref mode.
+    prepass / inloop / materialize), ValueError for CPU tensors outside ref mode.
     """
     return _run(*_args(q, k, v, q_weight, k_weight, o_weight, causal, eps, True, config))
 
@@ -273,10 +316,10 @@ def _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm):
         q_weight = q_weight if q_weight is not None else torch.empty(D, dtype=q.dtype)
         k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
     ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
-    args, cfg = _args(q, k, v, q_weight, k_weight, ow, causal, eps, norms, config)
+    args, cfg, pre = _args(q, k, v, q_weight, k_weight, ow, causal, eps, norms, config)
     if ref_mode():
         raise RuntimeError("code generation is unavailable in Helion ref mode (unset HELION_INTERPRET)")
-    return _fna_kernel.bind(args), cfg.to_helion(), args
+    return _fna_kernel.bind(args), cfg.to_helion(), args, pre
 
 
 def _codegen_env(q):
@@ -284,9 +327,15 @@ def _codegen_env(q):
 
 
 def triton_code(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float = 1e-6, config=None,
-                causal: bool = True, o_norm: bool = False) -> str:
-    """The Triton source Helion generates for ``op`` at ``config`` (CPU tensors are fine)."""
-    bound, hcfg, args = _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm)
+                causal: bool = True, o_norm: bool = False, prepass: bool = False) -> str:
+    """The Triton source Helion generates for ``op`` at ``config`` (CPU tensors are fine): the attention kernel,
+    or with ``prepass=True`` the K pre-pass kernel of 'qknorm_attention' with ``K_NORM`` prepass / materialize
+    (ValueError when there is none)."""
+    bound, hcfg, args, pre = _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm)
+    if prepass:
+        if pre is None:
+            raise ValueError(f"{op} with K_NORM = {TilingConfig.from_dict(config).K_NORM!r} has no K pre-pass")
+        bound, hcfg, args = pre.kernel.bind(pre.args), pre.config, pre.args
     with _live_args(bound, args), _codegen_env(q):
         return bound.to_triton_code(hcfg)
 
@@ -294,26 +343,26 @@ def triton_code(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float = 
 def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float = 1e-6, config=None,
                  causal: bool = True, o_norm: bool = False) -> dict:
     """Compile ``op`` for sm_90 without launching (needs ``normfuse.compile_only.install(90)``; CPU tensors, never
-    read); returns ``normfuse.compile_only.summarize`` of the attention kernel, plus ``k_rstd`` (the pre-pass's
-    summary) for 'qknorm_attention' with ``K_NORM = "prepass"``. RuntimeError in ref mode."""
+    read); returns ``normfuse.compile_only.summarize`` of the attention kernel, plus the K pre-pass's summary for
+    'qknorm_attention' under ``k_rstd`` (``K_NORM = "prepass"``) or ``k_norm`` (``"materialize"``). RuntimeError in
+    ref mode."""
     from normfuse.compile_only import WarmupLauncher, summarize
 
-    bound, hcfg, args = _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm)
+    bound, hcfg, args, pre = _bound(op, q, k, v, q_weight, k_weight, eps, config, causal, o_norm)
     launcher = WarmupLauncher()
     with _live_args(bound, args), _codegen_env(q):
         bound.compile_config(hcfg)(*args, _launcher=launcher)
     if launcher.last is None:
         raise RuntimeError(f"{op}: Helion's host code did not launch a kernel; nothing was compiled")
     out = summarize(launcher.last)
-    if args[6] is not None:  # K_NORM = "prepass": the rstd_k pre-pass too
-        pre = _rstd_args(args)
-        bound = _k_rstd_kernel.bind(pre)
+    if pre is not None:  # K_NORM = "prepass" / "materialize": the K pre-pass too
+        bound = pre.kernel.bind(pre.args)
         launcher = WarmupLauncher()
-        with _live_args(bound, pre), _codegen_env(q):
-            bound.compile_config(RSTD_CONFIG)(*pre, _launcher=launcher)
+        with _live_args(bound, pre.args), _codegen_env(q):
+            bound.compile_config(pre.config)(*pre.args, _launcher=launcher)
         if launcher.last is None:
-            raise RuntimeError("k_rstd: Helion's host code did not launch a kernel; nothing was compiled")
-        out["k_rstd"] = summarize(launcher.last)
+            raise RuntimeError(f"{pre.name}: Helion's host code did not launch a kernel; nothing was compiled")
+        out[pre.name] = summarize(launcher.last)
     return out
 
 
