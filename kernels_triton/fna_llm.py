@@ -28,7 +28,8 @@ Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), 
   ``k_weight`` for prepass) and rounded to the input dtype: once per Q tile; the scores get ``log2(e) / sqrt(D)``
   in fp32 (softmax in base 2);
 * the K tile feeds the dot: raw (prepass; the rstd_k vector is its own load, so no loaded tile feeds both a dot
-  and a reduction: dsl-primer §0 blocker 1 cannot apply) or normalized (inloop: the loaded tile feeds the
+  and a reduction: dsl-primer §0 blocker 1 cannot apply), the pre-normalized k_n (materialize: the loop is the
+  plain attention loop) or normalized in the loop (inloop: the loaded tile feeds the
   reduction and the *normalized copy* feeds the dot, the pattern of the Helion QK-norm attention that is correct
   on the H200 at ``num_stages=3``; the GPU check ``normfuse.gpu_checks`` verifies every shipped config);
 * loads: masked pointer loads, or (``TilingConfig.TMA``) device-side TMA descriptors ``[S, D]`` per (batch,
@@ -40,9 +41,10 @@ Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), 
 
 ``attention`` is the same kernel without any norm (the "same DSL without norms" baseline).
 
-What Triton could express: the prepass form needs nothing beyond a second plain kernel and a column scale; the
-K tile then goes straight from its (TMA or cp.async) shared-memory buffer to wgmma as in plain attention. What it
-could not: sharing a *normalized* K tile across the CTAs of one launch (hence the pre-pass, one extra read of K:
+What Triton could express: the prepass and materialize forms need nothing beyond a second plain kernel (and, for
+prepass, a column scale); the K tile then goes straight from its (TMA or cp.async) shared-memory buffer to wgmma as
+in plain attention. What it could not: sharing a *normalized* K tile across the CTAs of one launch (hence the
+pre-pass, one extra read of K for prepass, one extra read and write for materialize; prepass:
 ~0.1% (S = 16384, non-causal) to ~1% (S = 4096, causal) of the attention time at B = 8, Hq = 32); warp
 specialization or an explicit ping-pong of the two softmax/GEMM phases on Hopper (left to the compiler's
 pipeliner; TLX has it).

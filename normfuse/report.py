@@ -251,12 +251,17 @@ def _saving_lines(df: pd.DataFrame, best: pd.DataFrame, dsls: list) -> list[str]
 
 
 def replicates(run_dirs: list[Path]) -> str:
-    """Markdown table over replicate runs of one experiment: per (M, K, N) and DSL, the best hidden_dsl of each
-    run and their mean, next to the blog's value; plus the spread of the p50 of identical points across runs
-    (the noise floor of a "% hidden" figure is about that spread times T_gemm / T_norm)."""
+    """Markdown table over replicate runs of one technique: per shape and DSL, the fastest correct fused config's
+    primary metric in each run (``spec.PRIMARY_METRIC``: ``hidden_dsl`` unless the technique says otherwise, e.g.
+    ``sdpa_fraction`` for fna_llm, ``saving`` for fna) and their mean, next to the blog's value; plus the spread
+    of the p50 of identical points across runs (the noise floor of a "% hidden" figure is about that spread times
+    T_gemm / T_norm). The runs may come from different experiments of one technique (a replicate cut of a sweep):
+    shapes missing from a run read "–"."""
     all_runs = [pd.read_parquet(Path(d) / "results.parquet") for d in run_dirs]
     best = pd.concat([metrics.best_fused(df).assign(run=Path(d).name) for d, df in zip(run_dirs, all_runs)],
                      ignore_index=True)
+    spec = _spec(best)
+    metric = getattr(spec, "PRIMARY_METRIC", "hidden_dsl")
     runs = [Path(d).name for d in run_dirs]
     variants = _variants(best)
     rows = []
@@ -264,9 +269,9 @@ def replicates(run_dirs: list[Path]) -> str:
         blog = _blog(best, None if pd.isna(variant) else variant)
         r = ({"variant": variant} if len(variants) > 1 else {}) | {"M": M, "K": K, "N": N}
         for dsl in [x for x in plots.DSL_ORDER if x in set(best["dsl"])]:
-            vals = [g[(g.dsl == dsl) & (g.run == run)]["hidden_dsl"].max() for run in runs]
-            r[f"{dsl} hidden % (runs)"] = " / ".join(_fmt(v, pct=True) for v in vals)
-            r[f"{dsl} mean %"] = _fmt(float(np.nanmean(vals)), pct=True)
+            vals = [g[(g.dsl == dsl) & (g.run == run)][metric].max() for run in runs]
+            r[f"{dsl} {metric} % (runs)"] = " / ".join(_fmt(v, pct=True) for v in vals)
+            r[f"{dsl} mean %"] = _fmt(float(np.nanmean(vals)), pct=True) if np.isfinite(vals).any() else "–"
         if blog and M == 262144:
             r["blog B200 %"] = _fmt(blog.get((K, N)))
         rows.append(r)
@@ -278,5 +283,6 @@ def replicates(run_dirs: list[Path]) -> str:
         ratio = p50.max(axis=1) / p50.min(axis=1)
         spread = (f"\nSlowest / fastest p50 of the same point across the {len(runs)} runs ({len(ratio)} points): median "
                   f"{ratio.median():.3f}, 90th percentile {ratio.quantile(0.9):.3f}, max {ratio.max():.3f}.\n")
-    return "% of norm latency hidden (hidden_dsl, best correct config per run):\n\n" + \
+    title = "% of norm latency hidden" if metric.startswith("hidden") else f"{metric} in %"
+    return f"{title} ({metric}, fastest correct fused config per run):\n\n" + \
         pd.DataFrame(rows).to_markdown(index=False) + "\n" + spread

@@ -152,3 +152,31 @@ def test_check_subset_at_large_shapes(monkeypatch):
     nan = good.clone()
     nan[1, 2, 0, 0] = float("nan")  # outside the subset
     assert not T.check("fused", nan, inp, 1e-6, "causal")["ok"]
+
+
+def test_replicates_report_the_primary_metric(tmp_path):
+    """experiments.report --replicates on fna_llm runs tabulates % of SDPA (the technique's PRIMARY_METRIC) of the
+    fastest fused config per run; a shape missing from one run (a replicate cut) reads "–"."""
+    import pandas as pd
+
+    from normfuse import report
+
+    def rows(frac, shapes):
+        out = []
+        for M in shapes:
+            for cfg, p50, f in (("a", 1.0, frac), ("b", 2.0, frac / 2)):  # the fastest config carries `frac`
+                out.append(dict(technique="fna_llm", variant="causal", M=M, N=8, K=32, dtype="bf16", dsl="tlx",
+                                impl="fused", config_name=cfg, status="ok", p50_ms=p50, sdpa_fraction=f,
+                                hidden_dsl=float("nan")))
+        return pd.DataFrame(out)
+
+    dirs = []
+    for i, (frac, shapes) in enumerate(((0.90, (4096, 16384)), (0.80, (16384,)))):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        rows(frac, shapes).to_parquet(d / "results.parquet")
+        dirs.append(d)
+    text = report.replicates(dirs)
+    assert "tlx sdpa_fraction % (runs)" in text
+    assert "| 90.0 / 80.0" in text and "85" in text  # S = 16384: both runs and their mean
+    assert "| 90.0 / –" in text  # S = 4096: only in the first run

@@ -16,8 +16,9 @@ The fused kernels normalize Q once per Q tile. K, by the tiling option ``K_NORM`
   writes ``rstd_k [B, Hkv, S]`` in fp32 (4 bytes per key, not a normalized copy of K), the attention kernel folds
   γk into the normalized Q tile, feeds the raw K tile to the QKᵀ dot and scales the score columns by rstd_k
   (this is Lazy Pre-Norm's / FlashNorm's deferred normalization applied to QKᵀ);
-* ``inloop``: K is normalized once per K/V tile as it streams through the KV loop, i.e. renormalized by every Q
-  tile that reads it;
+* ``inloop``: K's normalization is redone inside the KV loop for every K/V tile, by every Q tile that streams it
+  (Triton / Helion normalize the tile and feed the normalized copy to the dot; TLX computes rstd_k from the tile in
+  shared memory while the QKᵀ wgmma runs and applies it as the prepass column scale);
 * ``materialize``: a pre-pass kernel writes the normalized copy ``k_n`` ``[B, Hkv, S, D]`` in the input dtype and
   the KV loop is exactly the plain attention loop over ``k_n`` (one extra write and read of K; an inference engine
   that stores the normalized K in its KV cache pays the write anyway).

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from normfuse import compile_only
 
@@ -31,27 +32,7 @@ if not torch.cuda.is_available():
 from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
 
-
-
-def _tlx_entries(path: Path) -> list[dict]:
-    """The flow-mapping entries under ``tlx:`` of a tiling YAML (the TLX venv has no PyYAML): ``- {k: v, ...}``
-    with int / bool / name values."""
-    out, inside = [], False
-    for line in path.read_text().splitlines():
-        if re.match(r"^\w", line):
-            inside = line.startswith("tlx:")
-            continue
-        m = re.match(r"^\s+- \{(.*)\}\s*$", line)
-        if inside and m:
-            d = {}
-            for item in m.group(1).split(", "):
-                k, v = item.split(": ", 1)
-                d[k] = int(v) if v.isdigit() else {"true": True, "false": False}.get(v, v)
-            out.append(d)
-    return out
-
-
-CONFIGS = _tlx_entries(Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
+CONFIGS = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml").read_text())["tlx"]
 assert len(CONFIGS) == 5 and {c["K_NORM"] for c in CONFIGS} == {"prepass", "inloop", "materialize"}, CONFIGS
 
 

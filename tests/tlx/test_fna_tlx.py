@@ -20,14 +20,11 @@ compile_only.install(90)
 from normfuse.techniques import fna as T
 from kernels_tlx import fna as kt
 from kernels_tlx.multi_cta import _ptx_extras, _ptxas_info
-# the tlx entries of configs/tiling/fna_h200.yaml (no yaml module in this environment: one flow mapping per line)
-text = Path("configs/tiling/fna_h200.yaml").read_text().split("tlx:")[1]
+import yaml
 res = []
-for name, body in re.findall(r"\{name: ([\w-]+), (.*)\}", text):
-    cfg = {}
-    for item in body.split(", "):
-        key, val = item.split(": ")
-        cfg[key] = {"true": True, "false": False}.get(val, None) if val in ("true", "false") else int(val)
+for entry in yaml.safe_load(Path("configs/tiling/fna_h200.yaml").read_text())["tlx"]:
+    cfg = dict(entry)
+    name = cfg.pop("name")
     for H, D in ((2, 128), (3, 128), (4, 128), (3, 64)):
         ck = kt.compile_sm90_kernel("gdpa", *T.compile_inputs(1000, H, D, "bf16"), config=cfg)
         ptx = ck.asm["ptx"]
