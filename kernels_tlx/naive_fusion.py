@@ -81,8 +81,9 @@ loads and MMAs). No numerics run on CPU (TLX has no interpreter): the epilogue m
 the Triton interpreter in tests/tlx, the kernel is compile-checked for sm_90, and ``python -m
 kernels_tlx.naive_fusion`` is the GPU correctness test.
 
-Status: CPU-checked only (sm_90 compile with PTX/ptxas checks for every shipped config, interpreter check of
-the epilogue math); not yet run on a GPU.
+Status: CPU-checked (sm_90 compile with PTX/ptxas checks for every shipped config, interpreter check of the
+epilogue math) and checked and measured on the H200 (the GPU self-check in ``make test-gpu``;
+results/naive_fusion_blog/).
 
 ``matmul`` is ``kernels_tlx.lazy_prenorm.matmul`` (the same DSL's tiled WS GEMM, T_gemm_dsl); its TilingConfig
 applies to tiling entries with ``impls: [gemm]``. ``_gemm_full_n`` (self-check only) is this kernel with the norm
