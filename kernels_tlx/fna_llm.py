@@ -28,8 +28,11 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
 The K norm (``TilingConfig.K_NORM``; the math ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j ·
 Σ_d (q_i,d γq_d γk_d) k_j,d`` is the same for the first two):
 
-* ``"prepass"`` (default): a pre-pass kernel (``_k_rstd_kernel``, inside the public ``qknorm_attention`` call; a
-  plain row reduction, ``RSTD_BLOCK_ROWS`` K rows per program, no TLX extension needed) reads K once and writes
+The pre-pass kernels are plain Triton row kernels (no TLX extension needed), shared with the Triton implementation:
+``kernels_triton.fna_llm.k_prepass`` builds their launch.
+
+* ``"prepass"`` (default): a pre-pass kernel (``_k_rstd_kernel``, inside the public ``qknorm_attention`` call;
+  ``RSTD_BLOCK_ROWS`` K rows per program) reads K once and writes
   ``rstd_k`` in fp32, ``[B, Hkv, S]`` (4 bytes per key, not a normalized copy of K); each consumer loads the
   tile's ``[BLOCK_N]`` rstd_k vector with a masked pointer load issued at the top of the iteration, before the
   K-full / ping-pong waits, so its (L2) latency hides behind them and the QKᵀ wgmma. The consumers never read the
@@ -80,6 +83,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from kernels_triton.fna_llm import RSTD_BLOCK_ROWS, _k_norm_kernel, _k_rstd_kernel, k_prepass  # noqa: F401
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 
@@ -87,7 +91,6 @@ LOG2E = 1.4426950408889634
 NUM_MMA_GROUPS = 2  # consumer warpgroups, 64 query rows each
 CONSUMER_REGS = 232
 K_NORM_MODES = ("prepass", "inloop", "materialize")
-RSTD_BLOCK_ROWS = 64  # K rows per program of the pre-pass (rstd_k or k_n)
 
 
 @dataclass(frozen=True)
@@ -116,32 +119,6 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"PINGPONG must be a bool, got {self.PINGPONG!r}")
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
-
-
-@triton.jit
-def _k_rstd_kernel(K, RSTD, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Pre-pass: ``rstd[r] = 1 / sqrt(mean_d(k[r, d]²) + eps)`` in fp32 for the ``R = B * Hkv * S`` rows of K (a
-    plain row reduction: no TLX extension needed)."""
-    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, HEAD_DIM)
-    k = tl.load(K + offs_r[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_r[:, None] < R, other=0.0)
-    kf = k.to(tl.float32)
-    tl.store(RSTD + offs_r, 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps), mask=offs_r < R)
-
-
-@triton.jit
-def _k_norm_kernel(K, KW, KN, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Pre-pass of ``K_NORM = "materialize"``: ``k_n[r, :] = (k[r, :] * rstd[r] * k_weight).to(k.dtype)`` with
-    ``rstd[r] = 1 / sqrt(mean_d(k[r, d]²) + eps)`` in fp32, for the ``R = B * Hkv * S`` rows of K (a plain row
-    reduction: no TLX extension needed)."""
-    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, HEAD_DIM)
-    ptrs = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
-    row_ok = offs_r[:, None] < R
-    kf = tl.load(K + ptrs, mask=row_ok, other=0.0).to(tl.float32)
-    kw = tl.load(KW + offs_d).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps)
-    tl.store(KN + ptrs, (kf * rstd[:, None] * kw[None, :]).to(KN.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
@@ -306,20 +283,10 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); TLX has no CPU mode (use compile_sm90)")
     o = torch.empty_like(q)
     dummy = q
-    prepass = norms and cfg.K_NORM == "prepass"  # attention (no norms) ignores K_NORM
-    materialize = norms and cfg.K_NORM == "materialize"
-    pre = None  # (pre-pass kernel, args, grid, launch kwargs)
-    rstd_k = dummy
-    R = B * Hkv * S
-    pre_grid = (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1)
-    pre_kw = dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1)
-    if prepass:  # rstd_k [B * Hkv, S] fp32, one value per K row (not a normalized copy of K)
-        rstd_k = torch.empty(R, dtype=torch.float32, device=q.device)
-        pre = (_k_rstd_kernel, (k, rstd_k, R, float(eps)), pre_grid, pre_kw)
-    if materialize:  # k_n [B, Hkv, S, D] in k's dtype (γk included); the attention kernel reads it instead of k
-        k_n = torch.empty_like(k)
-        pre = (_k_norm_kernel, (k, k_weight, k_n, R, float(eps)), pre_grid, pre_kw)
-        k = k_n
+    pre, rstd_k, k_n = k_prepass(k, k_weight, eps, cfg.K_NORM if norms else None)
+    prepass, materialize = rstd_k is not None, k_n is not None
+    rstd_k = rstd_k if prepass else dummy
+    k = k_n if materialize else k  # materialize: the attention kernel reads k_n (γk included) instead of k
     args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
             o_weight if o_weight is not None else dummy, rstd_k, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
     grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)

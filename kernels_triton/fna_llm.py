@@ -81,7 +81,7 @@ from normfuse.tiling import TilingConfigBase
 
 LOG2E = 1.4426950408889634
 K_NORM_MODES = ("prepass", "inloop", "materialize")
-RSTD_BLOCK_ROWS = 64  # K rows per program of the rstd_k pre-pass
+RSTD_BLOCK_ROWS = 64  # K rows per program of the K pre-pass (rstd_k or k_n)
 
 
 def _interpreting() -> bool:
@@ -264,6 +264,25 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale,
     tl.store(o_base + q_off, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < S)
 
 
+def k_prepass(k: torch.Tensor, k_weight, eps: float, k_norm):
+    """The K pre-pass launch of ``K_NORM = k_norm`` (plain Triton, also used by ``kernels_tlx.fna_llm``): returns
+    ``(pre, rstd_k, k_n)`` with ``pre = (kernel, args, grid, launch kwargs)`` to run before the attention kernel,
+    ``rstd_k`` a fresh fp32 ``[B * Hkv * S]`` buffer for ``"prepass"`` (``_k_rstd_kernel``) and ``k_n`` a fresh
+    ``[B, Hkv, S, D]`` tensor like ``k`` for ``"materialize"`` (``_k_norm_kernel``), the other two None; all three
+    None for ``"inloop"`` or ``k_norm=None`` (attention without norms). ``k`` contiguous ``[B, Hkv, S, D]``."""
+    if k_norm not in ("prepass", "materialize"):
+        return None, None, None
+    B, Hkv, S, D = k.shape
+    R = B * Hkv * S
+    grid = (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1)
+    kw = dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1)
+    if k_norm == "prepass":  # one fp32 value per K row, not a normalized copy of K
+        rstd_k = torch.empty(R, dtype=torch.float32, device=k.device)
+        return (_k_rstd_kernel, (k, rstd_k, R, float(eps)), grid, kw), rstd_k, None
+    k_n = torch.empty_like(k)
+    return (_k_norm_kernel, (k, k_weight, k_n, R, float(eps)), grid, kw), None, k_n
+
+
 def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: bool, launch: bool = True):
     """Validate and build (o, args, grid, constexpr kwargs, pre-pass) where pre-pass is None or (kernel, args, grid,
     kwargs): ``_k_rstd_kernel`` (``norms`` and ``K_NORM = "prepass"``) or ``_k_norm_kernel`` (``"materialize"``; the
@@ -278,20 +297,10 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); CPU tensors run only under TRITON_INTERPRET=1")
     o = torch.empty_like(q)
     dummy = q  # never read when the matching flag is off
-    prepass = norms and cfg.K_NORM == "prepass"
-    materialize = norms and cfg.K_NORM == "materialize"
-    pre = None
-    rstd_k = dummy
-    R = B * Hkv * S
-    pre_grid = (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1)
-    pre_kw = dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1)
-    if prepass:  # rstd_k [B * Hkv, S] fp32, one value per K row (not a normalized copy of K)
-        rstd_k = torch.empty(R, dtype=torch.float32, device=q.device)
-        pre = (_k_rstd_kernel, (k, rstd_k, R, float(eps)), pre_grid, pre_kw)
-    elif materialize:  # k_n [B, Hkv, S, D] in K's dtype; the attention kernel reads it instead of K
-        k_n = torch.empty_like(k)
-        pre = (_k_norm_kernel, (k, k_weight, k_n, R, float(eps)), pre_grid, pre_kw)
-        k = k_n
+    pre, rstd_k, k_n = k_prepass(k, k_weight, eps, cfg.K_NORM if norms else None)
+    prepass, materialize = rstd_k is not None, k_n is not None
+    rstd_k = rstd_k if prepass else dummy
+    k = k_n if materialize else k  # materialize: the attention kernel reads k_n instead of K
     args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
             o_weight if o_weight is not None else dummy, rstd_k, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
     grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
