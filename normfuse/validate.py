@@ -1,0 +1,38 @@
+"""Input checks shared by every technique spec and every DSL wrapper (torch only; no triton import).
+
+Each check raises ``TypeError`` (wrong kind of object or dtype) or ``ValueError`` (a violated constraint) with a
+message naming the argument and the constraint, before anything is compiled or launched: a bad input must never
+reach a kernel, where it would be a compiler error, a wrong answer or a lost CUDA context.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# CUDA launch limits (all NVIDIA GPUs since sm_30): grid.x < 2**31, grid.y and grid.z <= 65535
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+# a pointer offset computed in int32 overflows past this many elements
+INT32_MAX = 2**31 - 1
+
+
+def check_eps(eps, name: str = "eps") -> float:
+    """``eps`` as a float; ValueError unless it is a finite real number > 0 (None, bools and strings included)."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {eps!r}")
+    return float(eps)
+
+
+def check_aligned(t: torch.Tensor, name: str, nbytes: int = 16) -> None:
+    """ValueError unless ``t``'s data pointer is a multiple of ``nbytes`` (TMA descriptors and vectorized 16-byte
+    accesses need it; a view with a storage offset can break it). Empty tensors pass."""
+    if t.numel() and t.data_ptr() % nbytes:
+        raise ValueError(f"{name} must start at a {nbytes}-byte aligned address (data_ptr % {nbytes} = "
+                         f"{t.data_ptr() % nbytes}; a view with a storage offset?): pass {name}.clone()")
+
+
+def needs_int64(*tensors: torch.Tensor) -> bool:
+    """True when an element offset into any of ``tensors`` can exceed int32 (kernels then index in int64)."""
+    return any(t is not None and t.numel() > INT32_MAX for t in tensors)
