@@ -36,3 +36,16 @@ def check_aligned(t: torch.Tensor, name: str, nbytes: int = 16) -> None:
 def needs_int64(*tensors: torch.Tensor) -> bool:
     """True when an element offset into any of ``tensors`` can exceed int32 (kernels then index in int64)."""
     return any(t is not None and t.numel() > INT32_MAX for t in tensors)
+
+
+def check_forward_only(op: str, **tensors) -> None:
+    """NotImplementedError when autograd would record through ``op``, a forward-only kernel wrapper: grad mode is on
+    and one of the named ``tensors`` requires grad. Silently returning an output without a gradient would be a wrong
+    answer for training; the autograd drop-ins (``normfuse.nn``) call these wrappers with grad mode off."""
+    if not torch.is_grad_enabled():
+        return
+    needing = [name for name, t in tensors.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if needing:
+        raise NotImplementedError(
+            f"{op} is forward-only (no backward), but {', '.join(needing)} require(s) grad: use the autograd "
+            f"drop-in in normfuse.nn, or call it under torch.no_grad() / with detached inputs")
