@@ -11,14 +11,33 @@ import subprocess
 import warnings
 
 
-def read_gpu(index: int = 0) -> dict:
-    """Name, SM count (via torch if CUDA is up), driver, power limit (W), SM/memory clocks (MHz), temperature."""
+def _handle(index: int = 0, uuid: str | None = None):
+    """NVML handle of the GPU with this UUID ('GPU-...', as a worker reports it for its own CUDA device), else of
+    the first GPU that ``CUDA_VISIBLE_DEVICES`` names (a UUID or an index; NVML's indices follow the PCI bus order,
+    which is CUDA's only with CUDA_DEVICE_ORDER=PCI_BUS_ID, so prefer passing the worker's UUID), else ``index``."""
+    import os
+
+    import pynvml
+
+    pynvml.nvmlInit()
+    if uuid:
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.startswith("GPU-"):
+        return pynvml.nvmlDeviceGetHandleByUUID(first)
+    if first.isdigit():
+        index = int(first)
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def read_gpu(index: int = 0, uuid: str | None = None) -> dict:
+    """Name, UUID, SM count (via torch if CUDA is up), driver, power limit (W), SM/memory clocks (MHz),
+    temperature (°C) of the GPU named by ``uuid`` (see ``_handle``; default: the first visible one)."""
     info: dict = {"available": False}
     try:
         import pynvml
 
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        h = _handle(index, uuid)
         name = pynvml.nvmlDeviceGetName(h)
         info = {
             "available": True,
@@ -31,6 +50,7 @@ def read_gpu(index: int = 0) -> dict:
             "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
             "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
             "memory_total_gib": pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30,
+            "gpu_uuid": _s(pynvml.nvmlDeviceGetUUID(h)),
         }
     except Exception:  # no NVML / no GPU: try nvidia-smi
         info = _read_nvidia_smi(index)
@@ -38,8 +58,8 @@ def read_gpu(index: int = 0) -> dict:
         try:
             import torch
 
-            if torch.cuda.is_available():
-                p = torch.cuda.get_device_properties(index)
+            if torch.cuda.is_available() and torch.cuda.is_initialized():  # never create a context just for this
+                p = torch.cuda.get_device_properties(0)
                 info["sm_count"] = p.multi_processor_count
                 info["compute_capability"] = f"{p.major}.{p.minor}"
                 info["l2_cache_mb"] = getattr(p, "L2_cache_size", 0) / 2**20
@@ -74,15 +94,64 @@ def _num(x):
         return None
 
 
-def sm_clock_mhz(index: int = 0):
-    """Current SM clock in MHz, or None where it cannot be read."""
+def sm_clock_mhz(index: int = 0, uuid: str | None = None):
+    """Current SM clock in MHz of the GPU named by ``uuid`` (see ``_handle``), or None where it cannot be read."""
     try:
         import pynvml
 
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetClockInfo(pynvml.nvmlDeviceGetHandleByIndex(index), pynvml.NVML_CLOCK_SM)
+        return pynvml.nvmlDeviceGetClockInfo(_handle(index, uuid), pynvml.NVML_CLOCK_SM)
     except Exception:
         return None
+
+
+class Sampler:
+    """Background NVML sampling of one GPU (SM clock MHz, temperature °C, power W) every ``period_s`` while a
+    paired-timing window runs: ``with Sampler(uuid) as s: ...`` then ``s.stats()`` -> min/median/max of each (None
+    without NVML). Reads only; never sets anything."""
+
+    def __init__(self, uuid: str | None = None, period_s: float = 0.05):
+        import threading
+
+        self.uuid, self.period_s = uuid, period_s
+        self.samples: list[tuple] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="nvml-sampler")
+
+    def _run(self):
+        try:
+            import pynvml
+
+            h = _handle(0, self.uuid)
+        except Exception:  # noqa: BLE001
+            return
+        while not self._stop.is_set():
+            try:
+                self.samples.append((pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                                     pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                                     pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0))
+            except Exception:  # noqa: BLE001
+                return
+            self._stop.wait(self.period_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def stats(self) -> dict:
+        import statistics
+
+        out = {}
+        for i, name in enumerate(("sm_clock_mhz", "temperature_c", "power_w")):
+            vals = [s[i] for s in self.samples]
+            out[f"{name}_min"] = min(vals) if vals else None
+            out[f"{name}_median"] = statistics.median(vals) if vals else None
+            out[f"{name}_max"] = max(vals) if vals else None
+        out["nvml_samples"] = len(self.samples)
+        return out
 
 
 def compare(configured: dict, read: dict, *, strict: bool = False) -> list[str]:

@@ -70,8 +70,10 @@ class Worker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def request(self, req: dict, timeout_s: float) -> dict:
-        """Send one request and wait for its reply; raise WorkerDied on exit or timeout (worker then killed)."""
+    def request(self, req: dict, timeout_s: float, on_wait=None) -> dict:
+        """Send one request and wait for its reply; raise WorkerDied on exit or timeout (worker then killed).
+        ``on_wait(elapsed_s)`` is called about once a second while waiting (progress inside long points); the wait
+        is interruptible (Ctrl-C / SIGTERM reach the caller within a second)."""
         if not self.alive():
             self.start()
         try:
@@ -79,11 +81,18 @@ class Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise WorkerDied("error", f"worker {self.name} closed its input. {self.stderr_tail()}") from None
-        try:
-            line = self._lines.get(timeout=timeout_s)
-        except queue.Empty:
-            self.kill()
-            raise WorkerDied("timeout", f"no reply within {timeout_s:.0f} s; worker killed") from None
+        t0 = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - t0
+            if elapsed >= timeout_s:
+                self.kill()
+                raise WorkerDied("timeout", f"no reply within {timeout_s:.0f} s; worker killed")
+            try:
+                line = self._lines.get(timeout=min(1.0, timeout_s - elapsed))
+                break
+            except queue.Empty:
+                if on_wait is not None:
+                    on_wait(time.monotonic() - t0)
         if line is None:
             code = self.proc.wait()
             raise WorkerDied("error", f"worker {self.name} died (exit code {code}). {self.stderr_tail()}")
@@ -132,9 +141,11 @@ class Pool:
                                        self.log_dir / f"worker-{env_name}-{mode}.log")
         return self.workers[key]
 
-    def request(self, env_name: str, mode: str, req: dict, timeout_s: float) -> dict:
-        return self.worker(env_name, mode).request(req, timeout_s)
+    def request(self, env_name: str, mode: str, req: dict, timeout_s: float, on_wait=None) -> dict:
+        return self.worker(env_name, mode).request(req, timeout_s, on_wait=on_wait)
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Ask every worker to exit (waiting for the point in flight), or with ``kill=True`` (an interrupt) kill
+        their process groups at once."""
         for w in self.workers.values():
-            w.close()
+            w.kill() if kill else w.close()

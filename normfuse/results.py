@@ -4,7 +4,8 @@ crash), then written as ``results.parquet`` and ``results.csv`` with the derived
 Columns (at least): run_id, experiment, technique, variant, dsl, impl, env, M, N, K, dtype, config (JSON),
 status (ok|incorrect|error|timeout|unsupported|compile_only), error, max_abs_err, rel_err, tol, p20_ms,
 p50_ms, p80_ms, n_samples, compile_s, tflops, gbps, hidden_dsl, hidden_best, speedup, gpu_name, power_limit_w,
-sm_clock_mhz, git_sha, timestamp, mode (gpu|interpret|ref|compile_only).
+sm_clock_mhz, git_sha, timestamp, mode (gpu|interpret|ref|compile_only), stage (sweep: one point per config;
+paired: the participants of a paired-timing window, their times over its rounds), replicate.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from pathlib import Path
 
 import pandas as pd
 
-KEY_FIELDS = ("technique", "variant", "dsl", "impl", "M", "N", "K", "dtype", "eps", "config_name", "mode", "options")
+KEY_FIELDS = ("technique", "variant", "dsl", "impl", "M", "N", "K", "dtype", "eps", "config_name", "mode", "options",
+              "stage")
 STATUSES = ("ok", "incorrect", "error", "timeout", "unsupported", "compile_only")
 COLUMNS = ("run_id", "experiment", "technique", "variant", "dsl", "impl", "env", "M", "N", "K", "shape_label",
            "dtype", "eps", "options", "config_name", "config", "status", "error", "max_abs_err", "rel_err", "tol",
            "p20_ms", "p50_ms", "p80_ms", "mean_ms", "n_samples", "timing", "compile_s", "tflops", "gbps",
            "hidden_dsl", "hidden_best", "speedup", "frac_cublas", "gpu_name", "power_limit_w", "sm_clock_mhz",
-           "hardware", "git_sha", "timestamp", "mode", "seed", "details")
+           "hardware", "git_sha", "timestamp", "mode", "seed", "details", "stage", "replicate")
 
 
 def point_key(row: dict) -> tuple:
@@ -29,6 +31,8 @@ def point_key(row: dict) -> tuple:
         v = row.get(f)
         if f == "options":
             return json.dumps(v or {}, sort_keys=True)
+        if f == "stage":  # rows from before paired timing have none: they are sweep rows
+            return v if isinstance(v, str) and v else "sweep"
         if f == "K" and v is not None and v == v:  # K is None for [M, N] techniques; NaN after a DataFrame
             return str(int(v))
         return str(None if f == "K" and v != v else v)

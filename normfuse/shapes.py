@@ -48,13 +48,17 @@ def fc_to_gemm(tokens: int, in_features: int, out_features: int, phase: str = "f
 def expand(shape_cfg) -> list[dict]:
     """Expand a ``shape`` config into a list of points {M, N, K, shape_label}.
 
-    Accepted forms (any combination, concatenated):
+    Accepted forms:
       ``grid: {M: [...], N: [...], K: [...]}`` — the Cartesian product (K may be absent: K = None);
-      ``points: [{M:, N:, K:}, ...]`` — explicit points;
-      ``fc: {tokens: [...], phases: [...], layers: {name: [in, out]}, model: <preset>}`` — linear layers.
+      ``fc: {tokens: [...], phases: [...], layers: {name: [in, out]}, model: <preset>}`` — linear layers
+      (grid and fc concatenated when both are given);
+      ``points: [{M:, N:, K:}, ...]`` — explicit points; when non-empty they replace grid and fc, so that
+      ``shape.points=[...]`` on the command line measures just those points whatever the experiment's grid.
     Raises ValueError for an unknown preset or an empty result.
     """
     out: list[dict] = []
+    if shape_cfg.get("points"):
+        shape_cfg = {k: v for k, v in shape_cfg.items() if k not in ("grid", "fc")}
     grid = shape_cfg.get("grid")
     if grid:  # K may be absent (techniques on [M, N] tensors, e.g. standalone norms)
         for M, N, K in product(_as_list(grid["M"]), _as_list(grid["N"]), _as_list(grid.get("K", [None]))):

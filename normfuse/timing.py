@@ -8,8 +8,12 @@ samples. Three methods:
 * ``cudagraph`` — ``triton.testing.do_bench_cudagraph``: replay of back-to-back calls; no launch gaps, no flush
   (inputs smaller than L2 stay hot).
 * ``cudagraph_flush`` — GPU time with a cold L2 and no host cost: two CUDA graphs, ``n x (flush, fn)`` and
-  ``n x flush``, replayed alternately; each sample is ``(t_both - t_flush) / n`` of one replay pair. For the
-  short kernels of the naive-fusion grid and the small-M norms.
+  ``n x flush``, replayed alternately (:class:`GraphPair`); each sample is ``(t_both - t_flush) / n`` of one replay
+  pair. For the short kernels of the naive-fusion grid and the small-M norms.
+
+The runner's *paired* timing (``timing.paired.rounds > 0``, ``normfuse.sweep``) keeps one :class:`GraphPair` per
+implementation of a shape alive and samples them in alternating rounds, so that every derived metric (% hidden,
+saving, fraction of SDPA) is computed per round from times taken under the same GPU state.
 """
 
 from __future__ import annotations
@@ -47,55 +51,81 @@ def bench(fn, *, warmup_ms: float = 25.0, rep_ms: float = 100.0, method: str = "
 
 
 def bench_graph_flush(fn, *, rep_ms: float = 100.0, flush_bytes: int = 256 << 20, graph_ms: float = 3.0) -> list[float]:
-    """Per-call GPU times (ms) of ``fn`` with L2 flushed before each call and no host launch cost.
+    """Per-call GPU times (ms) of ``fn`` with L2 flushed before each call and no host launch cost: a
+    :class:`GraphPair` replayed for about ``rep_ms`` (at least 10 samples, at most 1000). ``fn`` must be capturable
+    (no host synchronization); RuntimeError otherwise."""
+    pair = GraphPair(fn, flush_bytes=flush_bytes, graph_ms=graph_ms)
+    try:
+        pair.sample()  # warm-up
+        out, spent = [], 0.0
+        while spent < rep_ms or len(out) < 10:
+            out.append(pair.sample())
+            spent += pair.last_replay_ms
+            if len(out) >= 1000:
+                break
+        return out
+    finally:
+        pair.close()
 
-    Captures ``g_both = n x (flush; fn)`` and ``g_flush = n x flush`` (``n`` chosen so that ``g_both`` takes about
-    ``graph_ms``, between 3 and 200) and replays them alternately for about ``rep_ms``; returns the paired
-    differences ``(t_both - t_flush) / n``. ``fn`` must be capturable (no host synchronization); outputs it
-    allocates come from the graph's private pool and are reused across the ``n`` calls."""
-    import torch
 
-    cache = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+_FLUSH_BUFFERS: dict = {}  # (device, bytes) -> int32 buffer zeroed to evict L2, shared by every GraphPair
 
-    def body():
-        cache.zero_()
-        fn()
 
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(3):
-        body()
-    end.record()
-    end.synchronize()
-    t_est = max(start.elapsed_time(end) / 3, 1e-3)  # eager estimate (includes host cost: an overestimate)
-    n = int(min(200, max(3, graph_ms / t_est)))
-    graphs = []
-    for b in (body, cache.zero_):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(n):
-                b()
-        graphs.append(g)
-    g_both, g_flush = graphs
+class GraphPair:
+    """Two CUDA graphs of one zero-argument callable: ``g_both = n x (flush; fn)`` and ``g_flush = n x flush``.
 
-    def replay(g) -> float:
-        start.record()
+    ``sample()`` replays both and returns ``(t_both - t_flush) / n`` in ms: the GPU time of one call with a cold L2
+    and no host launch cost. ``n`` is chosen so that ``g_both`` takes about ``graph_ms`` (3..200 calls, or 1 for
+    calls longer than ``graph_ms``). The paired timing of the runner keeps one GraphPair per participant alive and
+    takes one sample per participant per round. Outputs that ``fn`` allocates come from the graph's private pool
+    and are reused across the ``n`` calls. Raises RuntimeError when ``fn`` cannot be captured."""
+
+    def __init__(self, fn, *, flush_bytes: int = 256 << 20, graph_ms: float = 3.0):
+        import torch
+
+        key = (torch.cuda.current_device(), flush_bytes)
+        if key not in _FLUSH_BUFFERS:
+            _FLUSH_BUFFERS[key] = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
+        cache = _FLUSH_BUFFERS[key]
+        self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def body():
+            cache.zero_()
+            fn()
+
+        torch.cuda.synchronize()
+        self._start.record()
+        for _ in range(3):
+            body()
+        self._end.record()
+        self._end.synchronize()
+        t_est = max(self._start.elapsed_time(self._end) / 3, 1e-3)  # eager estimate (host cost included: high)
+        self.n = 1 if t_est >= graph_ms else int(min(200, max(3, graph_ms / t_est)))
+        graphs = []
+        for b in (body, cache.zero_):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(self.n):
+                    b()
+            graphs.append(g)
+        self.g_both, self.g_flush = graphs
+        self.last_replay_ms = 0.0
+
+    def _replay(self, g) -> float:
+        self._start.record()
         g.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        self._end.record()
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end)
 
-    replay(g_both), replay(g_flush)  # warm-up
-    out, spent = [], 0.0
-    while spent < rep_ms or len(out) < 10:
-        tb, tf = replay(g_both), replay(g_flush)
-        out.append((tb - tf) / n)
-        spent += tb + tf
-        if len(out) >= 1000:
-            break
-    del graphs, g_both, g_flush, cache
-    return out
+    def sample(self) -> float:
+        """One paired sample, ms per call; ``last_replay_ms`` holds the GPU time the two replays took."""
+        tb, tf = self._replay(self.g_both), self._replay(self.g_flush)
+        self.last_replay_ms = tb + tf
+        return (tb - tf) / self.n
+
+    def close(self) -> None:
+        self.g_both = self.g_flush = None
 
 
 def summarize(times_ms: list[float]) -> dict:

@@ -11,6 +11,9 @@ reference (``normfuse.techniques.<technique>``). Only a correct point is timed. 
 * ``interpret``    — Triton interpreter on the CPU (``TRITON_INTERPRET=1`` set by the pool), check only;
 * ``ref``          — Helion eager reference mode on the CPU (``HELION_INTERPRET=1``), check only;
 * ``compile_only`` — compile for sm_90 with a fake driver and report PTX markers (TLX's CPU check).
+
+Paired timing (``prepare`` / ``replay`` / ``release``): the orchestrator prepares every participant of a shape
+(checked first, exactly as ``measure``), then asks for one sample of each in alternating rounds.
 """
 
 from __future__ import annotations
@@ -61,8 +64,10 @@ def _poison_allocator(shape, dtype, device) -> None:
     del t
 
 
-def measure(req: dict) -> dict:
-    """Check, then (in gpu mode) time one sweep point; returns the result fields of its row."""
+def _build_checked(req: dict):
+    """Build the point's seeded inputs and zero-argument callable, run it once (compile + warm-up, timed as
+    ``compile_s``), poison the allocator, run it again and check it against the fp32 reference.
+    Returns ``(fn, inputs, row)``; ``row`` has status 'incorrect' (and ``fn`` None) when the check failed."""
     import torch
 
     from normfuse import registry
@@ -74,33 +79,18 @@ def measure(req: dict) -> dict:
     K = int(req["K"]) if req.get("K") is not None else None
     eps, config, dtype = float(req.get("eps", 1e-6)), req.get("config") or {}, req.get("dtype", "bf16")
     options = req.get("options") or {}
-    inject = req.get("inject")
-    if inject == "crash":
-        os._exit(3)
-    if inject == "hang":
-        time.sleep(10**6)
-
-    if mode == "compile_only":
-        global _COMPILE_ONLY_INSTALLED
-        from normfuse import compile_only
-
-        if not _COMPILE_ONLY_INSTALLED:
-            compile_only.install(90)
-            _COMPILE_ONLY_INSTALLED = True
-        mod = registry.kernel_module(dsl, req["technique"])
-        t0 = time.perf_counter()
-        summary = mod.compile_sm90(spec.kernel_function_name(impl, variant), *spec.compile_inputs(M, N, K, dtype),
-                                   eps=eps, config=config)
-        return {"status": "compile_only", "compile_s": time.perf_counter() - t0, "details": summary}
-
     device = "cuda" if mode == "gpu" else "cpu"
     if mode == "gpu" and not torch.cuda.is_available():
         raise RuntimeError("mode=gpu but torch.cuda.is_available() is False")
     if variant is not None and "variant" in inspect.signature(spec.make_inputs).parameters:
         options = {"variant": variant, **options}  # e.g. lazy_prenorm's LayerNorm inputs carry beta, colsum, beta_b
     inputs = spec.make_inputs(M, N, K, dtype=dtype, device=device, seed=int(req.get("seed", 0)), **options)
+    details = {}
     if dsl == registry.BASELINE_DSL:
         fn = spec.baseline(impl, inputs, eps, variant)
+        describe = getattr(spec, "baseline_details", None)  # e.g. which SDPA backend PyTorch dispatches to
+        if describe is not None:
+            details = describe(impl, inputs, variant) or {}
     else:
         fn = spec.kernel_call(registry.kernel_function(dsl, req["technique"], impl, variant), impl, inputs, eps,
                               config, variant)
@@ -119,35 +109,185 @@ def measure(req: dict) -> dict:
     check = spec.check(impl, out, inputs, eps, variant)
     del out
     row = {"compile_s": compile_s, "max_abs_err": check["max_abs_err"], "rel_err": check["rel_err"],
-           "tol": check["tol"]}
+           "tol": check["tol"], **({"details": details} if details else {})}
     if not check["ok"]:
-        return {**row, "status": "incorrect",
-                "error": f"max_abs_err {check['max_abs_err']:.3g} vs tol {check['tol']:.3g} "
-                         f"(rel_err {check['rel_err']:.2e}"
-                         + "".join(f", {k} {v:.2e}" for k, v in check.items() if k.endswith("_rel_err") and k != "rel_err")
-                         + "); not timed"}
-    if mode != "gpu" or req.get("check_only"):
-        return {**row, "status": "ok"}
-    from normfuse import hardware, timing
+        return None, inputs, {**row, "status": "incorrect",
+                              "error": f"max_abs_err {check['max_abs_err']:.3g} vs tol {check['tol']:.3g} "
+                                       f"(rel_err {check['rel_err']:.2e}"
+                              + "".join(f", {k} {v:.2e}" for k, v in check.items()
+                                        if k.endswith("_rel_err") and k != "rel_err")
+                              + "); not timed"}
+    return fn, inputs, {**row, "status": "ok"}
+
+
+def measure(req: dict) -> dict:
+    """Check, then (in gpu mode) time one sweep point; returns the result fields of its row."""
+    from normfuse import registry
+    from normfuse.techniques import get_technique
+
+    inject = req.get("inject")
+    if inject == "crash":
+        os._exit(3)
+    if inject == "hang":
+        time.sleep(10**6)
+    mode = req["mode"]
+    if mode == "compile_only":
+        global _COMPILE_ONLY_INSTALLED
+        from normfuse import compile_only
+
+        if not _COMPILE_ONLY_INSTALLED:
+            compile_only.install(90)
+            _COMPILE_ONLY_INSTALLED = True
+        spec = get_technique(req["technique"])
+        M, N = int(req["M"]), int(req["N"])
+        K = int(req["K"]) if req.get("K") is not None else None
+        mod = registry.kernel_module(req["dsl"], req["technique"])
+        t0 = time.perf_counter()
+        summary = mod.compile_sm90(spec.kernel_function_name(req["impl"], req.get("variant")),
+                                   *spec.compile_inputs(M, N, K, req.get("dtype", "bf16")),
+                                   eps=float(req.get("eps", 1e-6)), config=req.get("config") or {})
+        return {"status": "compile_only", "compile_s": time.perf_counter() - t0, "details": summary}
+
+    fn, _inputs, row = _build_checked(req)
+    if fn is None or mode != "gpu" or req.get("check_only"):
+        return row
+    from normfuse import timing
 
     t = timing.bench(fn, warmup_ms=float(req.get("warmup_ms", 25)), rep_ms=float(req.get("rep_ms", 100)),
                      method=req.get("timing", "do_bench"))
-    return {**row, **t, "status": "ok", "sm_clock_mhz": hardware.sm_clock_mhz()}
+    return {**row, **t, "sm_clock_mhz": _sm_clock()}
+
+
+# --- paired timing: participants prepared once, then sampled round by round by the orchestrator ----------------
+_PREPARED: dict = {}  # handle -> (GraphPair or eager timer, inputs, fn)
+
+
+def prepare(req: dict) -> dict:
+    """Build and check one participant of a paired window (as ``measure`` does), then capture its
+    :class:`normfuse.timing.GraphPair` and keep it under ``req['handle']`` for ``replay`` requests. Returns the
+    check fields (status 'ok' or 'incorrect') and the graph's calls per sample ``graph_n``."""
+    from normfuse import timing
+
+    fn, inputs, row = _build_checked(req)
+    if fn is None:
+        return row
+    try:
+        pair = timing.GraphPair(fn, graph_ms=float(req.get("graph_ms", 3.0)))
+        row["graph_n"], row["timing"] = pair.n, "paired"
+    except RuntimeError as e:  # not capturable: eager (flush; fn) timed by events, and said so in the row
+        import torch
+
+        torch.cuda.synchronize()
+        pair = _EagerTimer(fn)
+        row["graph_n"], row["timing"] = 1, f"paired-eager (graph capture failed: {str(e)[:120]})"
+    _PREPARED[req["handle"]] = (pair, inputs, fn)
+    return row
+
+
+class _EagerTimer:
+    """Fallback sampler for callables that cannot be captured: flush, then CUDA events around one call."""
+
+    def __init__(self, fn):
+        import torch
+
+        self.fn = fn
+        self.cache = torch.empty((256 << 20) // 4, dtype=torch.int32, device="cuda")
+        self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def sample(self) -> float:
+        self.cache.zero_()
+        self.start.record()
+        self.fn()
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+
+def replay(req: dict) -> dict:
+    """One sample (ms per call) of each prepared handle in ``req['handles']``, in that order."""
+    return {"status": "ok", "ms": [_PREPARED[h][0].sample() for h in req["handles"]]}
+
+
+def release(req: dict) -> dict:
+    """Drop prepared participants (all, or ``req['handles']``) and their inputs."""
+    for h in req.get("handles") or list(_PREPARED):
+        pair = _PREPARED.pop(h, (None,))[0]
+        if hasattr(pair, "close"):
+            pair.close()
+    return {"status": "ok", "prepared": len(_PREPARED)}
+
+
+def validate_config(req: dict) -> dict:
+    """Check tiling configs without compiling: ``req['configs']`` is a list of {dsl, technique, config}; each is
+    built through its kernel module's ``TilingConfig.from_dict``. Returns the error messages (empty when all are
+    valid). Used by the runner before a sweep, so a misspelt key stops the run instead of becoming rows."""
+    from normfuse import registry
+
+    errors = []
+    for item in req["configs"]:
+        try:
+            mod = registry.kernel_module(item["dsl"], item["technique"])
+            cls = getattr(mod, "TilingConfig", None)
+            if cls is not None:
+                cls.from_dict(item.get("config") or {})
+        except (ValueError, TypeError) as e:
+            errors.append(f"{item['dsl']} {item['technique']} config {item.get('name')!r}: {e}")
+    return {"status": "ok", "errors": errors}
+
+
+_UUID = None
+
+
+def device_uuid() -> str | None:
+    """NVML-style UUID ('GPU-...') of the CUDA device this worker uses (device 0 of its visible devices)."""
+    global _UUID
+    if _UUID is None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                u = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+                _UUID = u if u.startswith("GPU-") else f"GPU-{u}"
+        except Exception:  # noqa: BLE001
+            _UUID = None
+    return _UUID
+
+
+def device_props() -> dict:
+    """SM count, compute capability and L2 size (MB) of this worker's CUDA device ({} without CUDA)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return {"sm_count": p.multi_processor_count, "compute_capability": f"{p.major}.{p.minor}",
+                "l2_cache_mb": getattr(p, "L2_cache_size", 0) / 2**20, "gpu_uuid": device_uuid()}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _sm_clock():
+    from normfuse import hardware
+
+    return hardware.sm_clock_mhz(uuid=device_uuid())
 
 
 def handle(req: dict) -> dict:
     op = req.get("op", "measure")
     if op == "hello":
-        return {"status": "ok", "pid": os.getpid(), "versions": versions(),
+        return {"status": "ok", "pid": os.getpid(), "versions": versions(), "gpu": device_props(),
                 "interpret": os.environ.get("TRITON_INTERPRET") == "1",
                 "helion_ref": os.environ.get("HELION_INTERPRET") == "1"}
     if op == "calibrate":
         from normfuse import timing
 
         return {"status": "ok", **timing.calibrate()}
-    if op == "measure":
-        return measure(req)
-    raise ValueError(f"unknown op {op!r}; choices: hello, calibrate, measure, exit")
+    ops = {"measure": measure, "prepare": prepare, "replay": replay, "release": release,
+           "validate_config": validate_config}
+    if op in ops:
+        return ops[op](req)
+    raise ValueError(f"unknown op {op!r}; choices: hello, calibrate, {', '.join(ops)}, exit")
 
 
 def _exit_with_parent() -> None:
@@ -189,7 +329,7 @@ def main() -> None:
             try:
                 import torch
 
-                if torch.cuda.is_available():
+                if torch.cuda.is_available() and req.get("op") != "replay":  # replays: no allocator traffic
                     torch.cuda.empty_cache()
             except Exception:
                 pass
