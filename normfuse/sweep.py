@@ -317,8 +317,9 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
     windows_done = _windows_done(run_dir) if paired_on else set()
     console.print(f"[bold]{cfg['experiment_name']}[/] run {run_id}"
                   + (f" replicate {replicate}" if run_dir.name.startswith("rep") else "")
-                  + f" ({run_mode} mode): {len(points)} points, {len(points) - len(todo)} already done, "
-                  f"{len(todo)} to run" + (f", paired windows of up to {paired_cfg['rounds']} rounds" if paired_on else "")
+                  + f" ({run_mode} mode): {len(points)} points, "
+                  + ("all checked and timed in paired windows" if paired_on and paired_cfg.get("only") else
+                     f"{len(points) - len(todo)} already done, {len(todo)} to run") + (f", paired windows of up to {paired_cfg['rounds']} rounds" if paired_on else "")
                   + f" -> {run_dir}")
     versions = dict(meta.get("versions", {}))
     inject = {}
@@ -365,14 +366,21 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
         step = 0
         hung = {}  # (dsl, impl, variant, config_name) -> shape at which it timed out
 
+        beat = {"label": None, "minutes": 0}
+
         def tell(label: str, result: str = "", elapsed: float | None = None):
-            """Progress: the current point (and, inside long points, its elapsed time); one line per point in logs."""
+            """Progress: the current point (and, inside long points, its elapsed time); one line per point in logs
+            and, inside a point that runs long, one line a minute."""
             if prog is not None:
                 prog.update(task, description=label[:60], point=f"{elapsed:.0f} s" if elapsed else "")
             elif result:
                 print(f"[{step}/{total}] {label}: {result}", file=sys.stderr, flush=True)
-            elif elapsed and int(elapsed) % 60 == 0:
-                print(f"[{step + 1}/{total}] {label}: still running ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+            elif elapsed:
+                if beat["label"] != label:
+                    beat.update(label=label, minutes=0)
+                if int(elapsed // 60) > beat["minutes"]:
+                    beat["minutes"] = int(elapsed // 60)
+                    print(f"[{step + 1}/{total}] {label}: still running ({elapsed:.0f} s)", file=sys.stderr, flush=True)
 
         for gkey, gpoints in groups.items():
             for p in gpoints:
@@ -555,10 +563,11 @@ def _paired_window(pool: Pool, gkey: tuple, gpoints: list[dict], store: ResultsS
         return "nothing to pair"
     timeout = float(cfg["point_timeout_s"])
     ready, rows = [], {}
+    seed = _seed(nonce, gkey + ("paired",))  # one set of inputs for the whole window (shared within each worker)
     for i, p in enumerate(parts):
         handle = f"w{i}"
-        req = {"op": "prepare", **p, "handle": handle, "graph_ms": float(pc["graph_ms"]),
-               "seed": _seed(nonce, point_key(p) + ("paired",))}
+        req = {"op": "prepare", **p, "handle": handle, "graph_ms": float(pc["graph_ms"]), "seed": seed,
+               "share_inputs": True}
         row = {**p, "seed": req["seed"], "stage": "paired"}
         try:
             reply = pool.request(p["env"], p["mode"], req, timeout, on_wait=on_wait)

@@ -203,3 +203,17 @@ def test_replicates_in_one_invocation_and_as_launcher_jobs(repo_root, subprocess
     for k in (0, 1):
         meta = json.loads((tmp_path / "launch" / "smoke" / "t" / f"rep{k}" / "meta.json").read_text())
         assert meta["replicate"] == k and meta["invocations"][-1]["measured"] == 3
+
+
+def test_worker_shares_one_input_set_across_a_windows_participants():
+    from normfuse import worker
+
+    req = {"technique": "lazy_prenorm", "variant": None, "M": 64, "N": 32, "K": 32, "dtype": "fp32", "eps": 1e-6,
+           "mode": "cpu", "dsl": "torch", "config": {}, "options": {}, "seed": 7, "share_inputs": True}
+    _, a, row_a = worker._build_checked({**req, "impl": "cublas"})
+    _, b, row_b = worker._build_checked({**req, "impl": "torch_compile_norm"})
+    assert row_a["status"] == row_b["status"] == "ok"
+    assert a is not b and a["a"].data_ptr() == b["a"].data_ptr()  # same tensors, separate dicts
+    _, c, _ = worker._build_checked({**req, "impl": "cublas", "seed": 8})
+    assert c["a"].data_ptr() != a["a"].data_ptr()  # another window: new inputs
+    worker._SHARED_INPUTS.clear()

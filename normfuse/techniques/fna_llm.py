@@ -237,7 +237,7 @@ def sdpa_backend(q, k, v, causal: bool) -> str:
     try:
         from torch.nn.attention import SDPBackend
 
-        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, causal, None, q.shape[1] != k.shape[1])
+        choice = torch._fused_sdp_choice(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
         return SDPBackend(choice).name
     except Exception:  # noqa: BLE001  (private API; CPU tensors)
         return "unknown"
@@ -402,7 +402,7 @@ def baseline(impl: str, inputs: dict, eps: float, variant: str | None = None):
                 raise
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-            inputs["_expanded_kv"] = True
+            inputs[f"_expanded_kv_{impl}"] = True
         return lambda: _sdpa(q, k, v, causal, backend)
     if impl != "sdpa_plus_norms":
         raise ValueError(f"unknown baseline {impl!r}; choices: {', '.join(BASELINES)}")
@@ -427,9 +427,9 @@ def baseline_details(impl: str, inputs: dict, variant: str | None = None) -> dic
     causal = _check_variant(variant)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     if impl in _FORCED:
-        return {"sdpa_backend": _FORCED[impl], "expanded_kv": bool(inputs.get("_expanded_kv"))}
+        return {"sdpa_backend": _FORCED[impl], "expanded_kv": bool(inputs.get(f"_expanded_kv_{impl}"))}
     if impl in ("sdpa", "sdpa_plus_norms"):
-        return {"sdpa_backend": sdpa_backend(q, k, v, causal) if q.is_cuda else "cpu"}
+        return {"sdpa_backend": sdpa_backend(q, k, v, causal)}
     return {}
 
 
