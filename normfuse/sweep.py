@@ -512,6 +512,7 @@ def _measure(pool: Pool, p: dict, cfg: dict, nonce: str, inject: dict, on_wait=N
 
 
 # ----------------------------------------------------------------------------------------------- paired windows
+ROUNDS_FILE = "paired_rounds.jsonl.gz"  # one JSON line per (window, round, participant): the raw paired samples
 PAIRED_DEFAULTS = {"rounds": 0, "min_rounds": 15, "candidates": 1, "graph_ms": 3.0, "max_window_s": 60.0, "only": False}
 
 
@@ -615,7 +616,9 @@ def _paired_window(pool: Pool, gkey: tuple, gpoints: list[dict], store: ResultsS
     window.update({"n_rounds": min((len(v) for v in samples.values()), default=0), "seconds": time.monotonic() - t0,
                    "gpu_uuid": uuid, **({"error": error} if error else {})})
     n = window["n_rounds"]
-    with open(run_dir / "paired_rounds.jsonl", "a") as f:  # complete rounds only
+    import gzip
+
+    with gzip.open(run_dir / ROUNDS_FILE, "at") as f:  # complete rounds only; appended gzip members (~15x smaller)
         for rr in round_rows:
             if rr["round"] < n:
                 f.write(json.dumps(rr) + "\n")
@@ -659,7 +662,7 @@ def finalize(run_dir: Path, console=None) -> "object":
     df = pd.concat([metrics.add_technique_metrics(metrics.add_saving(metrics.add_hidden(metrics.add_rates(g))))
                      for _, g in df.groupby("stage", sort=False)], ignore_index=True)
     write_tables(df, run_dir)
-    if (run_dir / "paired_rounds.jsonl").exists():
+    if (run_dir / ROUNDS_FILE).exists():
         try:
             from normfuse import paired
         except ImportError:  # the statistics module is optional for old checkouts of the report
@@ -668,7 +671,8 @@ def finalize(run_dir: Path, console=None) -> "object":
             paired.write(run_dir)
     meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
     mode = meta.get("mode", "gpu" if (df["mode"] == "gpu").any() else "cpu")
-    report.make_plots(df, run_dir, mode, meta)
+    if not (run_dir.name.startswith("rep") and run_dir.name[3:].isdigit()):  # a replicate: plots of the merged set
+        report.make_plots(df, run_dir, mode, meta)
     text = report.summary(df, mode, (meta.get("calibration") or {}).get("copy_tbps"))
     (run_dir / "summary.md").write_text(text + "\n")
     if console is not None:

@@ -4,6 +4,7 @@ The paired window is driven against a fake worker pool (the real one needs CUDA 
 behaviour (configuration errors, SIGTERM, log lines, launcher jobs) runs the real runner in CPU mode.
 """
 
+import gzip
 import json
 import os
 import signal
@@ -77,8 +78,8 @@ def _window(tmp_path, pool, **paired):
             store.append({**p, "stage": "sweep", "status": "ok", "p50_ms": BASE[f"{p['dsl']}/{p['impl']}/{p['config_name']}"]})
     pc = {**sweep.PAIRED_DEFAULTS, **paired}
     msg = sweep._paired_window(pool, sweep._shape_key(pts[0]), pts, store, tmp_path, _cfg(**pc), pc, "n", COMMON, None)
-    rounds = [json.loads(x) for x in (tmp_path / "paired_rounds.jsonl").read_text().splitlines()] \
-        if (tmp_path / "paired_rounds.jsonl").exists() else []
+    f = tmp_path / sweep.ROUNDS_FILE
+    rounds = [json.loads(x) for x in gzip.open(f, "rt").read().splitlines()] if f.exists() else []
     windows = [json.loads(x) for x in (tmp_path / "paired_windows.jsonl").read_text().splitlines()]
     paired_rows = [r for r in store.rows() if r.get("stage") == "paired"]
     return msg, rounds, windows, paired_rows
