@@ -205,3 +205,28 @@ def test_collect_sass_one_tlx_cluster_config(tmp_path):
     df = _collect(tmp_path, "tlx", "cluster2")
     r = df.iloc[0]
     assert pd.isna(r["error"]) and r["cluster"] == 2 and r["regs"] > 0, r.to_dict()
+
+
+@pytest.mark.gpu
+def test_codestats_matches_the_driver_on_the_gpu():
+    """On the H200: the registers and local memory that ``normfuse.codestats`` reads off ptxas for a compiled kernel
+    are what the CUDA driver reports for the loaded kernel (``n_regs``; Triton's ``n_spills`` is the driver's local
+    bytes per thread / 4, i.e. ptxas's stack frame / 4), for a light kernel and a heavy one (the gdpa head-loop
+    kernel: ~245 registers)."""
+    import torch
+
+    from kernels_triton import fna as kf
+    from kernels_triton import norms as kn
+    from normfuse.codestats import ptxas_stats
+    from normfuse.techniques import fna as T
+
+    x = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+    kernels = [kn.compile_sm90_kernel("rms_norm", x, config={})]
+    ins = [t.cuda() if isinstance(t, torch.Tensor) else t for t in T.compile_inputs(1000, 4, 128, "bf16")]
+    kernels.append(kf.compile_sm90_kernel("gdpa", *ins, config={"BLOCK_M": 64, "num_warps": 8, "head_loop": "range",
+                                                                 "ln_stats": "onepass"}))
+    for ck in kernels:
+        ck._init_handles()
+        s = ptxas_stats(ck)
+        assert (s["regs"], s["stack"] // 4) == (ck.n_regs, ck.n_spills), (s, ck.n_regs, ck.n_spills)
+        assert s["sass_kb"] > 0
