@@ -25,7 +25,7 @@ else
   VENVS := .venv/.done .venv-tlx/.done
 endif
 
-.PHONY: run test test-gpu venvs clean-venvs
+.PHONY: run test test-gpu venvs lock clean-venvs
 run: $(VENVS)
 	$(PY) -m experiments.run experiment=$(EXPERIMENT) $(ENV_ARG) $(ARGS)
 
@@ -40,22 +40,45 @@ test-gpu:
 
 venvs: $(VENVS)
 
-.venv/.done: requirements/upstream.txt
+# Each venv: torch first (TORCH_SPEC, by platform; not in the locks), then the pinned lock of that environment
+# (requirements/*.txt, generated from pyproject.toml by `make lock`), then this project, editable, without deps.
+.venv/.done: requirements/upstream.txt pyproject.toml
 	$(PYTHON_BOOT) -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
 	.venv/bin/pip install -q "$(TORCH_SPEC)"
 	.venv/bin/pip install -q -r requirements/upstream.txt
+	.venv/bin/pip install -q --no-deps -e .
 	touch $@
 
-# fbtriton installs its own `triton/`: remove upstream triton first (a CUDA torch pulls it in), then --no-deps
-.venv-tlx/.done: requirements/tlx.txt
+# fbtriton installs its own `triton/`. The lock goes in with --no-deps (nothing in it may pull upstream triton);
+# a CUDA torch pulls upstream triton in itself: then remove it and reinstall fbtriton over the files they share.
+FBTRITON_SPEC = $(shell grep '^fbtriton==' requirements/tlx.txt)
+.venv-tlx/.done: requirements/tlx.txt pyproject.toml
 	$(PYTHON_BOOT) -m venv .venv-tlx
 	.venv-tlx/bin/pip install -q --upgrade pip
 	.venv-tlx/bin/pip install -q "$(TORCH_SPEC)"
-	.venv-tlx/bin/pip install -q -r requirements/tlx.txt
-	.venv-tlx/bin/pip uninstall -q -y triton || true
-	.venv-tlx/bin/pip install -q --no-deps fbtriton==3.7.4
+	.venv-tlx/bin/pip install -q --no-deps -r requirements/tlx.txt
+	if .venv-tlx/bin/pip show -q triton 2>/dev/null; then \
+	  .venv-tlx/bin/pip uninstall -q -y triton && \
+	  .venv-tlx/bin/pip install -q --no-deps --force-reinstall "$(FBTRITON_SPEC)"; fi
+	.venv-tlx/bin/pip install -q --no-deps -e .
+	touch $@
+
+# Regenerate the lock files from pyproject.toml (needs the package index; keeps existing pins where they still
+# satisfy pyproject.toml: delete a line to let it move). requirements/README.md explains the torch handling.
+PIP_TOOLS_SPEC ?= pip-tools==7.6.2
+LOCK_FLAGS = -q --strip-extras --no-emit-index-url --no-emit-find-links -c requirements/torch-resolve.txt \
+	--unsafe-package torch --unsafe-package setuptools --unsafe-package pip
+lock: .venv-lock/.done
+	CUSTOM_COMPILE_COMMAND="make lock" .venv-lock/bin/pip-compile $(LOCK_FLAGS) --extra upstream --extra test \
+	  -o requirements/upstream.txt pyproject.toml
+	CUSTOM_COMPILE_COMMAND="make lock" .venv-lock/bin/pip-compile $(LOCK_FLAGS) --extra tlx --extra test \
+	  -o requirements/tlx.txt pyproject.toml
+
+.venv-lock/.done:
+	$(PYTHON_BOOT) -m venv .venv-lock
+	.venv-lock/bin/pip install -q "$(PIP_TOOLS_SPEC)"
 	touch $@
 
 clean-venvs:
-	rm -rf .venv .venv-tlx
+	rm -rf .venv .venv-tlx .venv-lock
