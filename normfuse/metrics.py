@@ -55,6 +55,19 @@ def _group_min(t: pd.Series, mask: pd.Series, keys: list) -> pd.Series:
     return t.where(mask).groupby(keys, dropna=False, sort=False).transform("min")
 
 
+def _positional(fn):
+    """Run ``fn`` on a copy of the frame with a fresh RangeIndex and give the result the caller's index back (a
+    frame concatenated from several runs may repeat index labels)."""
+    def wrapped(df: pd.DataFrame, *args, **kw) -> pd.DataFrame:
+        index = df.index
+        out = fn(df.reset_index(drop=True), *args, **kw)
+        out.index = index
+        return out
+    wrapped.__doc__, wrapped.__name__, wrapped.__wrapped__ = fn.__doc__, fn.__name__, fn
+    return wrapped
+
+
+@_positional
 def add_rates(df: pd.DataFrame) -> pd.DataFrame:
     """Fill ``tflops`` and ``gbps`` from p50_ms (ms) and the technique's cost model (``spec.flops``,
     ``spec.bytes_moved``; itemsize 4 for fp32, else 2); NaN for rows that are not ``ok`` or have no positive,
@@ -79,6 +92,7 @@ def add_rates(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+@_positional
 def add_hidden(df: pd.DataFrame, norm_impls=("torch_compile_norm",)) -> pd.DataFrame:
     """Fill hidden_dsl, hidden_best, speedup (fused rows) and frac_cublas (GEMM rows) from the p50 (ms) of the
     ``ok`` rows of each comparison (``comparison_keys``); see the module docstring for the definitions."""
@@ -106,6 +120,7 @@ def add_hidden(df: pd.DataFrame, norm_impls=("torch_compile_norm",)) -> pd.DataF
     return df
 
 
+@_positional
 def add_saving(df: pd.DataFrame) -> pd.DataFrame:
     """Fill ``saving = (T_baseline - T_fused) / T_baseline`` on the fused rows of techniques whose spec defines
     ``SAVING_BASELINE`` (the baseline impl's best p50 in the same comparison); NaN elsewhere."""
@@ -127,6 +142,7 @@ def add_saving(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+@_positional
 def add_technique_metrics(df: pd.DataFrame) -> pd.DataFrame:
     """Apply ``spec.add_metrics(df)`` of every technique in ``df`` whose spec defines it (e.g. fna_llm's
     ``sdpa_fraction``); other techniques pass through unchanged. A spec groups by shape only, so a frame holding
