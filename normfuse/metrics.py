@@ -146,19 +146,29 @@ def add_saving(df: pd.DataFrame) -> pd.DataFrame:
 def add_technique_metrics(df: pd.DataFrame) -> pd.DataFrame:
     """Apply ``spec.add_metrics(df)`` of every technique in ``df`` whose spec defines it (e.g. fna_llm's
     ``sdpa_fraction``); other techniques pass through unchanged. A spec groups by shape only, so a frame holding
-    several comparisons beyond the shape (replicates, stages, paired rounds: ``COMPARISON_KEYS``) is passed to it
-    one comparison at a time."""
+    several comparisons of one shape (replicates, stages, paired rounds: ``COMPARISON_KEYS``) is passed to it in
+    batches that hold at most one comparison per shape (batch k: the k-th comparison of every shape)."""
     for name in df["technique"].dropna().unique() if "technique" in df else []:
         fn = getattr(get_technique(name), "add_metrics", None)
         if fn is None:
             continue
-        extra = comparison_keys(df)[len(SHAPE):]
-        if not extra or pd.concat(extra, axis=1).drop_duplicates().shape[0] <= 1:
+        batch = _batches(df)
+        if batch.nunique() <= 1:
             df = fn(df)
         else:
-            parts = [fn(g) for _, g in df.groupby(extra, dropna=False, sort=False)]
-            df = pd.concat(parts).loc[df.index]
+            df = pd.concat([fn(g) for _, g in df.groupby(batch, sort=False)]).loc[df.index]
     return df
+
+
+def _batches(df: pd.DataFrame) -> pd.Series:
+    """Per row, the rank of its comparison (``comparison_keys``) among the comparisons of its shape: rows of one
+    batch never share a shape with another comparison."""
+    keys = comparison_keys(df)
+    shape = df.groupby(keys[:len(SHAPE)], dropna=False, sort=False).ngroup()
+    comp = df.groupby(keys, dropna=False, sort=False).ngroup()
+    first = pd.DataFrame({"shape": shape.to_numpy(), "comp": comp.to_numpy()}).drop_duplicates("comp")
+    rank = pd.Series(first.groupby("shape").cumcount().to_numpy(), index=first["comp"].to_numpy())
+    return pd.Series(rank.reindex(comp.to_numpy()).to_numpy(), index=df.index)
 
 
 def best_fused(df: pd.DataFrame) -> pd.DataFrame:

@@ -69,6 +69,14 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def _numeric_shape(df: pd.DataFrame) -> pd.DataFrame:
+    """M, N, K as numbers (K None, for [M, N] techniques, becomes NaN), so that rounds and windows join."""
+    for c in ("M", "N", "K"):
+        if c in df:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
 def read_rounds(run_dir: Path) -> pd.DataFrame | None:
     """The run's ``paired_rounds.jsonl`` as a DataFrame (``ROUND_COLUMNS``; ``ms`` float, milliseconds), or None
     when the file is missing or empty. A missing ``replicate`` is 0.
@@ -96,6 +104,9 @@ def read_rounds(run_dir: Path) -> pd.DataFrame | None:
         raise ValueError(f"{path}: ms must be a time > 0 (milliseconds) or null; got {df.loc[bad, 'ms'].iloc[0]!r} "
                          f"in {int(bad.sum())} rows")
     df["ms"] = ms.astype(float)
+    _numeric_shape(df)
+    if df[["M", "N"]].isna().any().any():
+        raise ValueError(f"{path}: M and N must be integers")
     key = ["replicate", "window", "round", *PARTICIPANT]
     dup = df.duplicated(key)
     if dup.any():
@@ -119,7 +130,7 @@ def read_windows(run_dir: Path) -> pd.DataFrame | None:
         df[c] = pd.to_numeric(df[c], errors="coerce") if c in df else np.nan
     if "gpu_uuid" not in df:
         df["gpu_uuid"] = None
-    return df
+    return _numeric_shape(df)
 
 
 # ----------------------------------------------------------------------------------------------- per round

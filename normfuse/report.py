@@ -352,9 +352,10 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None,
 PCT_METRICS = ("hidden_dsl", "hidden_best", "saving", "sdpa_fraction", "frac_cublas")  # shown ×100 as %
 
 
-def _ci_text(med, lo, hi, pct: bool) -> str:
-    """``median [lo, hi]`` (× 100 when ``pct``); ``[–]`` without an interval."""
-    k, nd = (100, 1) if pct else (1, 3)
+def _ci_text(med, lo, hi, pct: bool, nd: int | None = None) -> str:
+    """``median [lo, hi]`` (× 100 when ``pct``; ``nd`` decimals, default 1 for % and 3 for ratios); ``[–]``
+    without an interval."""
+    k, nd = (100, 1 if nd is None else nd) if pct else (1, 3 if nd is None else nd)
     if med is None or not np.isfinite(med):
         return "–"
     if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
@@ -388,6 +389,8 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
     primary = primary_metric(spec)
     present = set(p["metric"])
     shown = list(dict.fromkeys(m for m in (primary, *SECONDARY_METRICS) if m in present))
+    if not shown and "fused" not in set(p["impl"]):  # memory-bound kernels (standalone norms): bandwidth
+        shown = [m for m in ("gbps",) if m in present]
     names = getattr(spec, "DIM_LABELS", {})
     variants = _variants(p)
     n = p["n_rounds"]
@@ -400,6 +403,7 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
         if impl is None:
             continue
         pct = metric in PCT_METRICS
+        nd = 0 if metric in ("gbps", "tflops") else None
         rows, verdicts = [], []
         for variant in variants:
             f = _of_variant(p[(p["metric"] == metric) & (p["impl"] == impl) & p["dsl"].isin(plots.DSL_ORDER)],
@@ -411,9 +415,9 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
                     names.get("M", "M"): M, names.get("K", "K"): K, names.get("N", "N"): N}
                 for d in dsls:
                     x = g[g["dsl"] == d]
-                    r[plots.label(d)] = _ci_text(*x[["median", "ci_lo", "ci_hi"]].iloc[0], pct) if len(x) else "–"
+                    r[plots.label(d)] = _ci_text(*x[["median", "ci_lo", "ci_hi"]].iloc[0], pct, nd) if len(x) else "–"
                 b = g.loc[g["median"].idxmax()]
-                r["best"] = f"{plots.label(b['dsl'])} {_ci_text(b['median'], b['ci_lo'], b['ci_hi'], pct)}"
+                r["best"] = f"{plots.label(b['dsl'])} {_ci_text(b['median'], b['ci_lo'], b['ci_hi'], pct, nd)}"
                 t = target(spec, metric, variant, M, N, K)
                 v = paired_mod.verdict(b["ci_lo"], b["ci_hi"], t)
                 verdicts.append(v)
@@ -429,7 +433,7 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
         table = pd.DataFrame(rows)
         if not any(verdicts):
             table = table.drop(columns=["target", "verdict"])
-        unit = "%" if pct else "ratio"
+        unit = "%" if pct else {"gbps": "GB/s", "tflops": "TFLOP/s"}.get(metric, "ratio")
         what = f"{plots.metric_label(metric).replace(chr(10), ' ')} ({metric}, {unit}) of each DSL's best {impl} config"
         out += [f"{what}:", "", table.fillna("–").to_markdown(index=False, disable_numparse=True), ""]
         tally = _verdict_tally(verdicts)
@@ -546,8 +550,11 @@ def replicate_report(rep_dirs: list[Path], merged: pd.DataFrame | None = None) -
     variants = _variants(merged)
     f = merged[(merged["metric"] == metric) & (merged["impl"] == _metric_impl(merged, metric))
                & merged["dsl"].isin(plots.DSL_ORDER)]
+    order = ["technique", "variant", "M", "K", "N", "dtype"]  # rows as in the run tables: K, then N
     rows, verdicts, holds = [], [], []
-    for key, g in f.groupby(metrics.SHAPE, dropna=False):
+    for key, g in f.groupby(order, dropna=False):
+        key = dict(zip(order, key))
+        key = [key[c] for c in metrics.SHAPE]
         variant, M, N, K = key[1], key[2], key[3], key[4]
         b = g.loc[g["median"].idxmax()]
         r = ({"variant": variant} if len(variants) > 1 else {}) | {
@@ -593,9 +600,9 @@ def replicate_report(rep_dirs: list[Path], merged: pd.DataFrame | None = None) -
     if tally:
         lines += [tally.replace("Best DSL", "Best DSL (pooled interval)"), ""]
     wide = []
-    for key, g in f.groupby(metrics.SHAPE, dropna=False):
+    for key, g in f.groupby(order, dropna=False):
         r = ({"variant": key[1]} if len(variants) > 1 else {}) | {
-            names.get("M", "M"): key[2], names.get("K", "K"): key[4], names.get("N", "N"): key[3]}
+            names.get("M", "M"): key[2], names.get("K", "K"): key[3], names.get("N", "N"): key[4]}
         for d in [x for x in plots.DSL_ORDER if x in set(f["dsl"])]:
             x = g[g["dsl"] == d]
             r[plots.label(d)] = (_ci_text(*x[["median", "ci_lo", "ci_hi"]].iloc[0], pct)
@@ -640,7 +647,7 @@ def write_replicates(rep_dirs: list[Path], out_dir: Path, console=None) -> str:
         elif not throughput and set(_of_variant(merged, variant)["M"]) == {BLOG_M}:
             blog = _blog_of(spec, variant)
         suffix = ("" if len(variants) == 1 else f"_{variant}") + "_pooled"
-        plots.hidden_bars(cells, blog, out / "plots", title + ("" if variant is None else f" ({variant})"),
+        plots.hidden_bars(cells, blog, out / "plots", title + ("" if len(variants) == 1 else f" ({variant})"),
                           "pooled median, 95 % interval stratified by replicate", suffix=suffix, metric=metric,
                           target=target(spec, metric, variant, None, None, None) if throughput else None,
                           what=getattr(spec, "METRIC_LABEL", None), name=f"{metric}_bars" if throughput

@@ -108,6 +108,18 @@ def test_fna_llm_paired_fraction_of_sdpa_with_target(tmp_path):
         p.name for p in (tmp_path / "out" / "plots").iterdir()}
 
 
+def test_memory_bound_paired_run_reports_bandwidth(tmp_path):
+    """A technique without a fused kernel (standalone norms, K = None): the paired table shows GB/s per DSL."""
+    run = make_run(tmp_path / "run", technique="norms", M=4096, cells=((None, 1024), (None, 4096)), rounds=30,
+                   times=lambda K, N: {("torch", "torch_compile_norm", "-"): 0.004 * N / 1024,
+                                       ("triton", "norm", "t"): 0.0036 * N / 1024})
+    df, text = report.derive(run)
+    rows = _table(text, "M")
+    assert len(rows) == 2 and rows[0]["best"].startswith("Triton ") and "GB/s" in text
+    table = paired.compute(run)
+    assert table["K"].isna().all() and table["sm_clock_mhz_max"].eq(1980).all()  # windows joined on K = None
+
+
 def test_targets():
     from normfuse.techniques import fna, fna_llm, multi_cta
 
