@@ -81,9 +81,9 @@ def read_rounds(run_dir: Path) -> pd.DataFrame | None:
     """The run's ``paired_rounds.jsonl`` as a DataFrame (``ROUND_COLUMNS``; ``ms`` float, milliseconds), or None
     when the file is missing or empty. A missing ``replicate`` is 0.
 
-    Raises ValueError naming the file for missing columns, null identity columns, a ``ms`` that is not a number > 0 (NaN / null is
-    allowed: that participant's time is missing in that round, and so are the metrics that need it), or a
-    participant recorded twice in one round."""
+    Raises ValueError naming the file for missing columns, null identity columns, M or N that are not integers,
+    a ``ms`` that is not a number > 0 (NaN / null is allowed: that participant's time is missing in that round,
+    and so are the metrics that need it), or a participant recorded twice in one round."""
     path = Path(run_dir) / ROUNDS_FILE
     rows = _read_jsonl(path) if path.exists() else []
     if not rows:
@@ -383,8 +383,8 @@ def check_criteria(merged: pd.DataFrame, criteria: dict | None = None) -> pd.Dat
     """Evaluate ``CRITERIA`` (or ``criteria``) on ``merge_replicates``' table: one row per cell (shape) of the
     techniques that have a criterion, for the best DSL (highest pooled median of the criterion's metric among the
     fused rows): ``best_dsl``, ``median``, ``ci_lo``, ``ci_hi``, ``rep_half_width_max``, ``half_width_limit``,
-    ``spread``, ``agree``, ``overlap``, and the booleans ``half_width_ok``, ``agree_ok``, ``spread_ok`` (NA where the criterion
-    sets no such limit) and ``holds`` (all set limits hold)."""
+    ``spread``, ``agree``, ``overlap``, and the booleans ``half_width_ok``, ``agree_ok``, ``spread_ok`` (NA where
+    the criterion sets no such limit) and ``holds`` (all set limits hold)."""
     from normfuse.techniques import get_technique
 
     criteria = CRITERIA if criteria is None else criteria
@@ -405,7 +405,8 @@ def check_criteria(merged: pd.DataFrame, criteria: dict | None = None) -> pd.Dat
             rows.append({**dict(zip(SHAPE, key)), "metric": metric, "best_dsl": b["dsl"], "median": b["median"],
                          "ci_lo": b["ci_lo"], "ci_hi": b["ci_hi"], "rep_half_width_max": b["rep_half_width_max"],
                          "half_width_limit": limit, "spread": b["spread"], "max_spread": crit.max_spread,
-                         "agree": b["agree"], "overlap": b["overlap"], "half_width_ok": hw_ok, "agree_ok": agree_ok, "spread_ok": spread_ok,
+                         "agree": b["agree"], "overlap": b["overlap"], "half_width_ok": hw_ok,
+                         "agree_ok": agree_ok, "spread_ok": spread_ok,
                          "holds": bool(all(checks)) if checks else pd.NA, "criterion": crit.source})
     out = pd.DataFrame(rows)
     for c in ("half_width_ok", "agree_ok", "spread_ok", "holds"):

@@ -126,7 +126,8 @@ def _subtitle(df: pd.DataFrame, meta: dict, paired: pd.DataFrame | None = None) 
         how = f"median of {_range_text(n.min(), n.max())} paired rounds, 95 % bootstrap intervals"
     else:
         how = f"p50 of {_timing(df)}"
-    return f"{gpu}" + (f" @ {pl:.0f} W" if pl else "") + f", M = {', '.join(str(int(m)) for m in sorted(df['M'].unique()))}, bf16, {how}"
+    Ms = ", ".join(str(int(m)) for m in sorted(df["M"].unique()))
+    return f"{gpu}" + (f" @ {pl:.0f} W" if pl else "") + f", M = {Ms}, bf16, {how}"
 
 
 def _range_text(lo, hi) -> str:

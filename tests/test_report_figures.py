@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import pytest
 from test_paired import GEMM_CELLS, gemm_times, llm_times, make_replicated, make_run
