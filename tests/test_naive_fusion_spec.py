@@ -275,8 +275,8 @@ def test_report_and_plots_per_variant(tmp_path):
     df = metrics.add_hidden(metrics.add_rates(_gpu_rows()))
     paths = report.make_plots(df, tmp_path, "gpu", {"hardware_before": {"gpu_name": "NVIDIA H200",
                                                                         "power_limit_w": 700.0}})
-    assert {p.name for p in paths} == {f"{k}_{v}.{e}" for k in ("hidden_heatmap", "hidden_bars")
-                                       for v in ("layernorm", "rmsnorm") for e in ("png", "pdf")}
+    assert {p.name for p in paths} == {f"{k}_{v}{w}.{e}" for k in ("hidden_heatmap", "hidden_bars")
+                                       for v in ("layernorm", "rmsnorm") for w in ("", "_1col") for e in ("png", "pdf")}
     assert all(p.stat().st_size > 1000 for p in paths)
     text = report.summary(df, "gpu")
     table = [[c.strip() for c in x.strip("|").split("|")] for x in text.splitlines() if x.startswith("| ")]
@@ -299,8 +299,8 @@ def test_report_and_plots_per_variant(tmp_path):
     # one variant: the unsuffixed file names of the other techniques, with the blog panel
     one = df[df.variant == "layernorm"]
     paths = report.make_plots(one, tmp_path / "one", "gpu", {})
-    assert {p.name for p in paths} == {"hidden_heatmap.png", "hidden_heatmap.pdf", "hidden_bars.png",
-                                       "hidden_bars.pdf"}
+    assert {p.name for p in paths} == {f"{n}{w}.{e}" for n in ("hidden_heatmap", "hidden_bars")
+                                       for w in ("", "_1col") for e in ("png", "pdf")}
     assert "blog B200 %" in report.summary(one, "gpu")
     assert report._blog(one, "layernorm") is nf.BLOG_HIDDEN_B200 and report._blog(one, "rmsnorm") is None
 

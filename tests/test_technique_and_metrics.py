@@ -177,8 +177,8 @@ def test_gpu_plots_and_summary_render(tmp_path):
     df = metrics.add_hidden(metrics.add_rates(pd.DataFrame(rows)))
     paths = report.make_plots(df, tmp_path, "gpu", {"hardware_before": {"gpu_name": "NVIDIA H200",
                                                                         "power_limit_w": 700.0}})
-    assert {p.name for p in paths} == {"hidden_heatmap.png", "hidden_heatmap.pdf", "hidden_bars.png",
-                                       "hidden_bars.pdf"}
+    assert {p.name for p in paths} == {f"{n}{w}.{e}" for n in ("hidden_heatmap", "hidden_bars")
+                                       for w in ("", "_1col") for e in ("png", "pdf")}  # full and one-column width
     assert all(p.stat().st_size > 1000 for p in paths)
     text = report.summary(df, "gpu")
     assert "blog B200 %" in text and "83.9" in text and "83.3" in text  # (1.1 + 0.3 - 1.15) / 0.3
@@ -198,5 +198,5 @@ def test_bandwidth_plot_and_summary_for_norms(tmp_path):
     df = metrics.add_hidden(metrics.add_rates(pd.DataFrame(rows)))
     assert df["gbps"].notna().all() and df["hidden_dsl"].isna().all()
     paths = report.make_plots(df, tmp_path, "gpu", {"calibration": {"copy_tbps": 4.25}})
-    assert {p.name for p in paths} == {"bandwidth.png", "bandwidth.pdf"}
+    assert {p.name for p in paths} == {"bandwidth.png", "bandwidth.pdf", "bandwidth_1col.png", "bandwidth_1col.pdf"}
     assert "best GB/s" in report.summary(df, "gpu")
