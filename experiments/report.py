@@ -41,9 +41,9 @@ def _kind(d: Path) -> str:
 
 def _replicates(dirs: list, out: Path | None, write: bool) -> None:
     from normfuse import report
-    from normfuse.paired import ROUNDS_FILE
+    from normfuse.paired import rounds_path
 
-    if all((Path(d) / ROUNDS_FILE).exists() for d in dirs):
+    if all(rounds_path(d) is not None for d in dirs):
         if out is not None and out.suffix == ".md":
             text = report.replicate_report(dirs)
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -678,11 +678,13 @@ def read_results(run_dir: Path) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def derive(run_dir: Path, out_dir: Path | None = None, write_tables: bool = False, console=None) -> tuple:
+def derive(run_dir: Path, out_dir: Path | None = None, write_tables: bool = False, console=None,
+           plots: bool = True) -> tuple:
     """Re-derive one run from its ``results.jsonl`` (and ``paired_rounds.jsonl``): metrics, then, into ``out_dir``,
     ``paired.parquet`` (runs with rounds), ``plots/`` and ``summary.md``. ``out_dir=None`` writes nothing (the
     summary is only returned / printed); ``write_tables`` also rewrites ``results.parquet`` / ``.csv`` in
-    ``run_dir`` (only what ``--write`` asks for). ``meta.json`` and ``results.jsonl`` are never written.
+    ``run_dir`` (only what ``--write`` asks for); ``plots=False`` skips the figures. ``meta.json`` and
+    ``results.jsonl`` are never written.
     Returns ``(df, summary_text)``."""
     from normfuse.results import write_tables as _write_tables
 
@@ -697,7 +699,8 @@ def derive(run_dir: Path, out_dir: Path | None = None, write_tables: bool = Fals
     mode = meta.get("mode", "gpu" if (df["mode"] == "gpu").any() else "cpu")
     if out_dir is not None:
         p = paired_mod.write(run_dir, out_dir=out_dir)
-        make_plots(df, Path(out_dir), mode, meta, paired=p if p is not None else pd.DataFrame())
+        if plots:
+            make_plots(df, Path(out_dir), mode, meta, paired=p if p is not None else pd.DataFrame())
     else:
         p = paired_mod.compute(run_dir)
     text = summary(df, mode, (meta.get("calibration") or {}).get("copy_tbps"), paired=p)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from normfuse import hardware, registry, shapes
 from normfuse.pool import REPO_ROOT, Pool, WorkerDied
+from normfuse.paired import ROUNDS_FILE_GZ as ROUNDS_FILE  # the raw samples: a JSON line per window, round, participant
 from normfuse.results import ResultsStore, point_key, write_tables
 from normfuse.techniques import get_technique
 
@@ -264,14 +265,13 @@ def _gpu_lock():
 
 
 def _merge_replicates(base: Path) -> None:
-    """Merged tables of a replicate set (``normfuse.paired.merge_write``) when that module provides them."""
-    try:
-        from normfuse import paired
-    except ImportError:
-        return
-    merge = getattr(paired, "merge_write", None)
-    if merge is not None:
-        merge(base)
+    """The merged report of a replicate set (replicates.md, paired_replicates.parquet, pooled plots) in ``base``;
+    only when the replicates have paired rounds (a CPU run has none: nothing to merge)."""
+    from normfuse import paired, report
+
+    reps = paired.replicate_dirs(base)
+    if reps and all(paired.rounds_path(d) is not None for d in reps):
+        report.write_replicates(reps, base)
 
 
 def _progress(console):
@@ -512,7 +512,6 @@ def _measure(pool: Pool, p: dict, cfg: dict, nonce: str, inject: dict, on_wait=N
 
 
 # ----------------------------------------------------------------------------------------------- paired windows
-ROUNDS_FILE = "paired_rounds.jsonl.gz"  # one JSON line per (window, round, participant): the raw paired samples
 PAIRED_DEFAULTS = {"rounds": 0, "min_rounds": 15, "candidates": 1, "graph_ms": 3.0, "max_window_s": 60.0, "only": False}
 
 
@@ -648,33 +647,11 @@ def _append_jsonl(path: Path, obj: dict) -> None:
 
 
 def finalize(run_dir: Path, console=None) -> "object":
-    """Recompute metrics from results.jsonl and write tables, plots and the summary; returns the DataFrame."""
-    from normfuse import metrics, report
+    """Recompute metrics from results.jsonl (and the paired rounds) and write results.parquet/.csv, paired.parquet,
+    plots and summary.md into the run folder (``normfuse.report.derive``); returns the DataFrame. A replicate folder
+    (``rep<k>``) gets no plots of its own: the merged set has them."""
+    from normfuse import report
 
     run_dir = Path(run_dir)
-    import pandas as pd
-
-    df = ResultsStore(run_dir).dataframe()
-    if df.empty:
-        return df
-    df["stage"] = df["stage"].fillna("sweep")
-    # metrics per stage: a paired row is compared only with the rows of its own window (timed in the same rounds)
-    df = pd.concat([metrics.add_technique_metrics(metrics.add_saving(metrics.add_hidden(metrics.add_rates(g))))
-                     for _, g in df.groupby("stage", sort=False)], ignore_index=True)
-    write_tables(df, run_dir)
-    if (run_dir / ROUNDS_FILE).exists():
-        try:
-            from normfuse import paired
-        except ImportError:  # the statistics module is optional for old checkouts of the report
-            paired = None
-        if paired is not None and hasattr(paired, "write"):
-            paired.write(run_dir)
-    meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
-    mode = meta.get("mode", "gpu" if (df["mode"] == "gpu").any() else "cpu")
-    if not (run_dir.name.startswith("rep") and run_dir.name[3:].isdigit()):  # a replicate: plots of the merged set
-        report.make_plots(df, run_dir, mode, meta)
-    text = report.summary(df, mode, (meta.get("calibration") or {}).get("copy_tbps"))
-    (run_dir / "summary.md").write_text(text + "\n")
-    if console is not None:
-        print(text, flush=True)  # plain print: tables are wide, a console would wrap them
-    return df
+    is_replicate = run_dir.name.startswith("rep") and run_dir.name[3:].isdigit()
+    return report.derive(run_dir, out_dir=run_dir, write_tables=True, console=console, plots=not is_replicate)[0]
