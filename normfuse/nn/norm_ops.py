@@ -1,0 +1,86 @@
+"""The norm building blocks that the drop-ins' backward passes call, as ``torch.library`` custom ops (so that
+``torch.compile`` / AOTAutograd can trace a backward made of them and of cuBLAS matmuls without looking inside):
+
+* ``normfuse::rms_norm(x, weight, eps) -> (y, rstd)`` and ``normfuse::layer_norm(x, weight, bias, eps) -> (y, mean,
+  rstd)``: the forward kernels of ``kernels_triton/norms.py``, used to *recompute* the normalized activation and
+  its statistics in a backward (the fused forwards never write them);
+* ``normfuse::rms_norm_bwd`` / ``normfuse::layer_norm_bwd``: the backward kernels of ``kernels_triton/norms_bwd.py``.
+
+All four are forward-only ops themselves (they are only ever called inside a backward, with grad mode off) and
+run in both environments and the Triton interpreter. Shapes: ``x, dy [M, N]`` contiguous; statistics fp32 ``[M]``;
+``weight``/``bias`` ``[N]`` or None. A missing gradient is returned as an empty tensor (custom-op schemas have no
+optional outputs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_EMPTY = (0,)
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(_EMPTY)
+
+
+@torch.library.custom_op("normfuse::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x * rstd (* weight) [M, N] in x.dtype, rstd [M] fp32)``, ``rstd = rsqrt(mean(x^2) + eps)``."""
+    from kernels_triton import norms
+
+    return norms.rms_norm(x.contiguous(), weight, eps=eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x), x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("normfuse::layer_norm", mutates_args=())
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y [M, N] in x.dtype, mean [M] fp32, rstd [M] fp32)`` of LayerNorm (biased variance)."""
+    from kernels_triton import norms
+
+    return norms.layer_norm(x.contiguous(), weight, bias, eps=eps)
+
+
+@layer_norm.register_fake
+def _(x, weight, bias, eps):
+    stat = x.new_empty(x.shape[0], dtype=torch.float32)
+    return torch.empty_like(x), stat, stat.clone()
+
+
+@torch.library.custom_op("normfuse::rms_norm_bwd", mutates_args=())
+def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor | None,
+                 normalized: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dx, dweight)`` (dweight empty when ``weight`` is None); ``kernels_triton.norms_bwd.rms_norm_bwd``."""
+    from kernels_triton import norms_bwd
+
+    dx, dw = norms_bwd.rms_norm_bwd(dy.contiguous(), x.contiguous(), rstd.contiguous(), weight,
+                                    normalized=normalized)
+    return dx, dw if dw is not None else _empty(dy)
+
+
+@rms_norm_bwd.register_fake
+def _(dy, x, rstd, weight, normalized):
+    return torch.empty_like(dy), (torch.empty_like(weight) if weight is not None else _empty(dy))
+
+
+@torch.library.custom_op("normfuse::layer_norm_bwd", mutates_args=())
+def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor | None, rstd: torch.Tensor,
+                   weight: torch.Tensor | None, bias: bool,
+                   normalized: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dweight, dbias)`` (empty when not requested); ``kernels_triton.norms_bwd.layer_norm_bwd``."""
+    from kernels_triton import norms_bwd
+
+    dx, dw, db = norms_bwd.layer_norm_bwd(dy.contiguous(), x.contiguous(), mean, rstd.contiguous(), weight,
+                                          bias=bias, normalized=normalized)
+    return dx, dw if dw is not None else _empty(dy), db if db is not None else _empty(dy)
+
+
+@layer_norm_bwd.register_fake
+def _(dy, x, mean, rstd, weight, bias, normalized):
+    dw = torch.empty_like(weight) if weight is not None else _empty(dy)
+    db = torch.empty_like(weight) if weight is not None and bias else _empty(dy)
+    return torch.empty_like(dy), dw, db
