@@ -55,6 +55,14 @@ def config_from_json(s: str):
     return json.loads(s) if s else None
 
 
+def dense(t: torch.Tensor, nbytes: int = 16) -> torch.Tensor:
+    """``t`` itself when row-major contiguous and ``nbytes``-aligned (TMA descriptors, 16-byte vector accesses),
+    else a fresh contiguous copy: the custom ops may receive views (e.g. from ``torch.compile``'s buffer reuse)."""
+    if t.is_contiguous() and (t.numel() == 0 or t.data_ptr() % nbytes == 0):
+        return t
+    return t.contiguous() if not t.is_contiguous() else t.clone()
+
+
 def needs_grad(*tensors) -> bool:
     """True when autograd would record an op on ``tensors`` (grad mode on and one of them requires grad)."""
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from normfuse.nn import norm_ops
-from normfuse.nn._common import check_dsl, check_eps, config_from_json, config_json, kernel_module
+from normfuse.nn._common import check_dsl, check_eps, config_from_json, config_json, dense, kernel_module
 
 __all__ = ["gdpa", "reference", "FlashNormAttention", "token_positions"]
 
@@ -36,7 +36,7 @@ __all__ = ["gdpa", "reference", "FlashNormAttention", "token_positions"]
 def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, max_len: int, eps: float,
         dsl: str, config: str) -> torch.Tensor:
     mod = kernel_module(dsl, "fna")
-    return mod.gdpa(q.contiguous(), k.contiguous(), v.contiguous(), q_offsets.contiguous(), max_len, eps=eps,
+    return mod.gdpa(dense(q), dense(k), dense(v), dense(q_offsets), max_len, eps=eps,
                     config=config_from_json(config))
 
 

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from normfuse.nn import norm_ops
-from normfuse.nn._common import check_dsl, check_eps, config_from_json, config_json, kernel_module
+from normfuse.nn._common import check_dsl, check_eps, config_from_json, config_json, dense, kernel_module
 
 __all__ = ["lazy_rmsnorm_linear", "reference", "fold_weight", "LazyRMSNormLinear"]
 
@@ -67,7 +67,7 @@ def _lazy_op(x: torch.Tensor, gamma: torch.Tensor, weight: torch.Tensor, eps: fl
              config: str) -> torch.Tensor:
     b_folded = fold_weight(gamma, weight, x.dtype)
     mod = kernel_module(dsl, "lazy_prenorm")
-    return mod.lazy_rmsnorm_matmul(x.contiguous(), b_folded, eps=eps, config=config_from_json(config))
+    return mod.lazy_rmsnorm_matmul(dense(x), b_folded, eps=eps, config=config_from_json(config))
 
 
 @_lazy_op.register_fake

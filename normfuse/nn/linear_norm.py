@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from normfuse.nn import norm_ops
-from normfuse.nn._common import check_dsl, check_eps, config_from_json, config_json, kernel_module, needs_grad
+from normfuse.nn._common import (check_dsl, check_eps, config_from_json, config_json, dense, kernel_module,
+                                 needs_grad)
 
 __all__ = ["IMPLS", "linear_rmsnorm", "linear_layernorm", "reference", "LinearRMSNorm", "LinearLayerNorm"]
 
@@ -56,7 +57,7 @@ def _kernel(dsl: str, impl: str, is_rms: bool):
 @torch.library.custom_op("normfuse::linear_rmsnorm", mutates_args=())
 def _rms_op(a: torch.Tensor, b: torch.Tensor, eps: float, impl: str, dsl: str,
             config: str) -> tuple[torch.Tensor, torch.Tensor]:
-    xhat, rstd = _kernel(dsl, impl, True)(a.contiguous(), b.contiguous(), None, eps=eps,
+    xhat, rstd = _kernel(dsl, impl, True)(dense(a), dense(b), None, eps=eps,
                                           config=config_from_json(config))
     return xhat, rstd
 
@@ -84,7 +85,7 @@ _rms_op.register_autograd(_rms_backward, setup_context=_rms_setup)
 @torch.library.custom_op("normfuse::linear_layernorm", mutates_args=())
 def _ln_op(a: torch.Tensor, b: torch.Tensor, eps: float, impl: str, dsl: str,
            config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    xhat, mean, rstd = _kernel(dsl, impl, False)(a.contiguous(), b.contiguous(), None, None, eps=eps,
+    xhat, mean, rstd = _kernel(dsl, impl, False)(dense(a), dense(b), None, None, eps=eps,
                                                  config=config_from_json(config))
     return xhat, mean, rstd
 
@@ -122,7 +123,7 @@ def _affine_op(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, bi
     """Forward only (no autograd formula: backward through it raises torch's 'no autograd formula' error)."""
     fn = _kernel(dsl, impl, is_rms)
     cfg = config_from_json(config)
-    a, b = a.contiguous(), b.contiguous()
+    a, b = dense(a), dense(b)
     return fn(a, b, weight, eps=eps, config=cfg)[0] if is_rms else fn(a, b, weight, bias, eps=eps, config=cfg)[0]
 
 

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from normfuse.nn import norm_ops
-from normfuse.nn._common import check_dsl, check_eps, config_from_json, config_json, kernel_module
+from normfuse.nn._common import check_dsl, check_eps, config_from_json, config_json, dense, kernel_module
 
 __all__ = ["VARIANTS", "GEMMS", "mxnorm_linear", "reference", "MXNormLinear"]
 
@@ -73,7 +73,7 @@ def _mx_gemm(data, scales, w_eff, scale_mode: str, gemm: str, dtype):
 @torch.library.custom_op("normfuse::mxnorm_linear", mutates_args=())
 def _op(x: torch.Tensor, gamma: torch.Tensor, weight: torch.Tensor, variant: str, eps: float, scale_mode: str,
         gemm: str, dsl: str, config: str) -> tuple[torch.Tensor, torch.Tensor]:
-    data, scales, rho = _norm_cast(x.contiguous(), variant, eps, scale_mode, dsl, config_from_json(config))
+    data, scales, rho = _norm_cast(dense(x), variant, eps, scale_mode, dsl, config_from_json(config))
     w_eff = weight.float() * gamma.float()
     return _mx_gemm(data, scales, w_eff, scale_mode, gemm, x.dtype), rho
 
@@ -157,7 +157,8 @@ def reference(x, gamma, weight, *, variant: str = "mxnorm_p2", eps: float = 1e-6
     r = (reference_rstd(variant, x2.detach(), eps) if rho is None else rho.float()).to(x2.device)
     yq = mxfp8.dequantize(*mxfp8.quantize(x2.detach().float() * r[:, None], scale_mode), dtype=x.dtype)
     w_eff = weight * gamma
-    wq = mxfp8.dequantize(*mxfp8.quantize(weight.detach().float() * gamma.detach().float(), scale_mode), dtype=x.dtype)
+    w_eff32 = weight.detach().float() * gamma.detach().float()
+    wq = mxfp8.dequantize(*mxfp8.quantize(w_eff32, scale_mode), dtype=x.dtype)
     y = _STERMSNorm.apply(x2, r.to(x.dtype))
     smooth = y @ w_eff.t()
     out = smooth + (yq @ wq.t() - smooth).detach()  # forward value: the quantized product; gradient: STE

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from normfuse.nn._common import dense
+
 _EMPTY = (0,)
 
 
@@ -28,7 +30,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[
     """``(x * rstd (* weight) [M, N] in x.dtype, rstd [M] fp32)``, ``rstd = rsqrt(mean(x^2) + eps)``."""
     from kernels_triton import norms
 
-    return norms.rms_norm(x.contiguous(), weight, eps=eps)
+    return norms.rms_norm(dense(x), weight, eps=eps)
 
 
 @rms_norm.register_fake
@@ -42,7 +44,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     """``(y [M, N] in x.dtype, mean [M] fp32, rstd [M] fp32)`` of LayerNorm (biased variance)."""
     from kernels_triton import norms
 
-    return norms.layer_norm(x.contiguous(), weight, bias, eps=eps)
+    return norms.layer_norm(dense(x), weight, bias, eps=eps)
 
 
 @layer_norm.register_fake
@@ -57,7 +59,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, weight: 
     """``(dx, dweight)`` (dweight empty when ``weight`` is None); ``kernels_triton.norms_bwd.rms_norm_bwd``."""
     from kernels_triton import norms_bwd
 
-    dx, dw = norms_bwd.rms_norm_bwd(dy.contiguous(), x.contiguous(), rstd.contiguous(), weight,
+    dx, dw = norms_bwd.rms_norm_bwd(dense(dy), dense(x), dense(rstd), weight,
                                     normalized=normalized)
     return dx, dw if dw is not None else _empty(dy)
 
@@ -74,7 +76,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor | None,
     """``(dx, dweight, dbias)`` (empty when not requested); ``kernels_triton.norms_bwd.layer_norm_bwd``."""
     from kernels_triton import norms_bwd
 
-    dx, dw, db = norms_bwd.layer_norm_bwd(dy.contiguous(), x.contiguous(), mean, rstd.contiguous(), weight,
+    dx, dw, db = norms_bwd.layer_norm_bwd(dense(dy), dense(x), mean, dense(rstd), weight,
                                           bias=bias, normalized=normalized)
     return dx, dw if dw is not None else _empty(dy), db if db is not None else _empty(dy)
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normfuse.nn import norm_ops
-from normfuse.nn._common import check_dsl, check_eps, config_from_json, config_json, kernel_module
+from normfuse.nn._common import check_dsl, check_eps, config_from_json, config_json, dense, kernel_module
 
 __all__ = ["qknorm_attention", "reference", "QKNormAttention"]
 
@@ -41,7 +41,7 @@ __all__ = ["qknorm_attention", "reference", "QKNormAttention"]
 def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
         o_weight: torch.Tensor | None, causal: bool, eps: float, dsl: str, config: str) -> torch.Tensor:
     mod = kernel_module(dsl, "fna_llm")
-    return mod.qknorm_attention(q.contiguous(), k.contiguous(), v.contiguous(), q_weight, k_weight, causal=causal,
+    return mod.qknorm_attention(dense(q), dense(k), dense(v), q_weight, k_weight, causal=causal,
                                 eps=eps, o_weight=o_weight, config=config_from_json(config))
 
 
