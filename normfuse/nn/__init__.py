@@ -23,11 +23,11 @@ drop-ins call them with grad mode off. Importing this package costs torch only: 
 """
 
 from normfuse.nn._common import DSLS, check_grads
-from normfuse.nn.gdpa import FlashNormAttention, gdpa
+from normfuse.nn.fna import FlashNormAttention, gdpa
 from normfuse.nn.lazy_prenorm import LazyRMSNormLinear, lazy_rmsnorm_linear
 from normfuse.nn.linear_norm import LinearLayerNorm, LinearRMSNorm, linear_layernorm, linear_rmsnorm
 from normfuse.nn.mxnorm import MXNormLinear, mxnorm_linear
-from normfuse.nn.qknorm_attention import QKNormAttention, qknorm_attention
+from normfuse.nn.fna_llm import QKNormAttention, qknorm_attention
 
 __all__ = ["DSLS", "check_grads", "LazyRMSNormLinear", "lazy_rmsnorm_linear", "LinearRMSNorm", "LinearLayerNorm",
            "linear_rmsnorm", "linear_layernorm", "QKNormAttention", "qknorm_attention", "FlashNormAttention", "gdpa",
