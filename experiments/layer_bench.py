@@ -351,12 +351,17 @@ def layer_rows(rt: Runtime, cfg: LayerConfig, tokens: int, seq: int, dsl: str, c
         rt.sync()
         compile_s[v] = time.perf_counter() - t0
         results[v] = (out.detach(), [t.detach() for t in grads])
+        _log(f"tokens={tokens} qk_norm={cfg.qk_norm} {v}: first step (compile) {compile_s[v]:.1f} s")
     report = check_step(results, ref, names)
+    for v, r in report.items():
+        _log(f"tokens={tokens} qk_norm={cfg.qk_norm} {v}: check {'ok' if r['ok'] else 'FAILED'} (worst "
+             f"{r['worst']}: error / tolerance = {r['worst_ratio']:.3g})")
     del results, ref
     label = {"torch": "torch_compile", "dropin": "dropin"}
     ok_steps = {label[v]: steps[v] for v in steps if report[v]["ok"]}
     samples = rt.bench(ok_steps, rounds=rounds) if ok_steps else {}
     rows = _timing_rows(samples, {**base, "kind": "layer"}, reference="torch_compile")
+    _log(f"tokens={tokens} qk_norm={cfg.qk_norm}: " + ", ".join(f"{r['name']} {r['p50_ms']:.3f} ms" for r in rows))
     for v in steps:
         r = report[v]
         extra = {"compile_s": compile_s[v], "check_ok": r["ok"], "worst_tensor": r["worst"],
@@ -391,6 +396,7 @@ def phase_rows(rt: Runtime, cfg: LayerConfig, tokens: int, rounds: int, base: di
             dims[f"{proj}:{phase}"] = {"projection": proj, "phase": phase, **gemm}
     samples = rt.bench(fns, rounds=rounds, graph_ms=30.0)
     rows = _timing_rows(samples, {**base, "kind": "gemm"})
+    _log(f"tokens={tokens}: {len(rows)} FC GEMMs timed")
     for r in rows:
         d = dims[r["name"]]
         r.update(d, tflops=2 * d["M"] * d["N"] * d["K"] / (r["p50_ms"] * 1e-3) / 1e12)
@@ -439,6 +445,7 @@ def norm_rows(rt: Runtime, cfg: LayerConfig, tokens: int, dsl: str, config, roun
         if not err <= tol:  # a wrong kernel is not timed
             raise AssertionError(f"lazy fused forward {proj}: max error {err:.3g} > tolerance {tol:.3g}")
     samples = rt.bench(fwd, rounds=rounds, graph_ms=30.0)
+    _log(f"tokens={tokens}: norm pieces and fused forwards timed")
     for r in _timing_rows(samples, {**base, "kind": "fwd_phase"}):
         proj, what = r["name"].split(":")
         if what == "lazy_fused":
@@ -475,6 +482,10 @@ def run_gpu(args, rt: Runtime | None = None, cfg: LayerConfig = LLAMA3_8B) -> Pa
                                                args.rounds, base), {**base, "kind": "norm"})
         rt.empty_cache()
     return write(rows, args, run_id, cfg=cfg, wall_s=time.perf_counter() - t_start)
+
+
+def _log(msg: str) -> None:
+    print(f"[layer_bench] {msg}", flush=True)
 
 
 def _run_guarded(fn, base) -> list[dict]:

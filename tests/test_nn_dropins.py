@@ -64,7 +64,8 @@ for dn, dt in DT.items():
     # --- Linear -> RMSNorm / LayerNorm
     for impl, tag, (M, K, N), cfg in (("multi_cta", "odd", (37, 40, 24), None),
                                       ("multi_cta", "last_cta", (160, 64, 200), {"BLOCK_N": 64}),
-                                      ("multi_cta", "two_kernels", (160, 64, 200), {"BLOCK_N": 64, "exchange": "two_kernels"}),
+                                      ("multi_cta", "two_kernels", (160, 64, 200),
+                                       {"BLOCK_N": 64, "exchange": "two_kernels"}),
                                       ("naive_fusion", "odd", (37, 40, 24), None),
                                       ("naive_fusion", "bench", (160, 64, 256 if dn == "fp16" else 128), None)):
         x, w = rand(M, K, g=g, shift=0.3).to(dt), rand(K, N, g=g, scale=K ** -0.5).to(dt)
@@ -104,7 +105,8 @@ for dn, dt in DT.items():
     for variant in MX.VARIANTS:
         for tag, (M, K, N) in (("odd", (37, 96, 40)), ("bench", (64, 256, 128))):
             x = rand(M, K, g=g, rows=True).to(dt)
-            inp = dict(x=x, gamma=rand(K, g=g, scale=0.1, shift=1).to(dt), weight=rand(N, K, g=g, scale=K ** -0.5).to(dt))
+            inp = dict(x=x, gamma=rand(K, g=g, scale=0.1, shift=1).to(dt),
+                       weight=rand(N, K, g=g, scale=K ** -0.5).to(dt))
             with torch.no_grad():
                 _, rho = MX._op(x, inp["gamma"], inp["weight"], variant, 1e-6, "floor", "dequant", "triton", "")
             rr = reference_rstd(variant, x, 1e-6)
@@ -171,7 +173,8 @@ for name, fn in (("eager", f), ("compiled", torch.compile(f, backend="aot_eager"
     leaves = [t.clone().requires_grad_() for t in (xs, q4, k4, v4)]
     grads = torch.autograd.grad(fn(*leaves), leaves + [ms.weight, qa.q_weight])
     res[name] = grads
-out["compile"] = {"max_diff": max((a.double() - b.double()).abs().max().item() for a, b in zip(res["eager"], res["compiled"]))}
+out["compile"] = {"max_diff": max((a.double() - b.double()).abs().max().item()
+                                  for a, b in zip(res["eager"], res["compiled"]))}
 print(json.dumps(out))
 """
 
@@ -182,8 +185,10 @@ from normfuse.nn import check_grads
 from normfuse.nn import lazy_prenorm as L, linear_norm as LN
 g = torch.Generator().manual_seed(0)
 x = torch.randn(37, 40, generator=g).half()
-inp = dict(x=x, gamma=(1 + 0.1 * torch.randn(40, generator=g)).half(), weight=(torch.randn(24, 40, generator=g) / 7).half())
-out = {"lazy": check_grads(lambda **a: L.lazy_rmsnorm_linear(**a, dsl="helion"), L.reference, inp, ("x", "gamma", "weight"))}
+inp = dict(x=x, gamma=(1 + 0.1 * torch.randn(40, generator=g)).half(),
+           weight=(torch.randn(24, 40, generator=g) / 7).half())
+out = {"lazy": check_grads(lambda **a: L.lazy_rmsnorm_linear(**a, dsl="helion"), L.reference, inp,
+                           ("x", "gamma", "weight"))}
 inp = dict(x=x, w=(torch.randn(40, 24, generator=g) / 7).half(), weight=(1 + 0.1 * torch.randn(24, generator=g)).half())
 out["linear_rms"] = check_grads(lambda **a: LN.linear_rmsnorm(**a, dsl="helion"),
                                 lambda **a: LN.reference(**a, eps=1e-6, norm="rmsnorm"), inp, ("x", "w", "weight"))
@@ -196,10 +201,10 @@ def interp():
     return run_python_json(_SCRIPT, env={"TRITON_INTERPRET": "1"}, timeout=1500)
 
 
+_LINEAR = (("multi_cta", "odd"), ("multi_cta", "last_cta"), ("multi_cta", "two_kernels"), ("naive_fusion", "odd"),
+           ("naive_fusion", "bench"))
 _KEYS = ([f"lazy-{t}" for t in ("odd", "m1", "bench", "rowblock")]
-         + [f"linear_{n}-{i}-{t}" for n in ("rms", "ln") for i, t in (("multi_cta", "odd"), ("multi_cta", "last_cta"),
-                                                                      ("multi_cta", "two_kernels"),
-                                                                      ("naive_fusion", "odd"), ("naive_fusion", "bench"))]
+         + [f"linear_{n}-{i}-{t}" for n in ("rms", "ln") for i, t in _LINEAR]
          + [f"qknorm-{t}" for t in ("gqa-causal", "bench", "noncausal-onorm", "inloop", "materialize")]
          + [f"gdpa-{t}" for t in ("odd", "bench")]
          + [f"mxnorm-{v}-{t}" for v in ("mxnorm_p2", "mxnorm_p1", "rmsnorm_cast") for t in ("odd", "bench")])

@@ -148,8 +148,9 @@ def reference(x, gamma, weight, *, variant: str = "mxnorm_p2", eps: float = 1e-6
               rho: torch.Tensor | None = None) -> torch.Tensor:
     """The module in PyTorch ops (tests): rho from ``normfuse.techniques.mxnorm.reference_rstd`` (or the given fp32
     ``rho [T]``, e.g. a kernel's, so that both sides cast the same fp32 values), both MXFP8 casts in fp32
-    (``normfuse.mxfp8``; W diag(gamma) formed in fp32 as the op does), the product of the dequantized operands in x's dtype; its autograd is the straight-through
-    backward of ``mxnorm_linear`` (casts as the identity, ``_STERMSNorm``), in x's dtype (fp64 for the reference)."""
+    (``normfuse.mxfp8``; W diag(gamma) formed in fp32 as the op does), the product of the dequantized operands in
+    x's dtype; its autograd is the straight-through backward of ``mxnorm_linear`` (casts as the identity,
+    ``_STERMSNorm``), in x's dtype (fp64 for the reference)."""
     from normfuse import mxfp8
     from normfuse.techniques.mxnorm import reference_rstd
 
