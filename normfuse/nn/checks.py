@@ -37,7 +37,7 @@ def run_case(name: str, dsl: str = "triton", *, seed: int = 0) -> dict:
                            ("x", "gamma", "weight"))
     if name.startswith("linear_"):
         norm, impl = name.split("_")[1], "multi_cta" if name.endswith("multi_cta") else "naive_fusion"
-        M, K, N = (8192, 4096, 2048) if impl == "multi_cta" else (8192, 4096, 256)
+        M, K, N = (8192, 4096, 1024) if impl == "multi_cta" else (8192, 4096, 256)  # TLX defaults: 4 x 256, 256
         inp = dict(x=_rand(M, K, gen=g, shift=0.3), w=_rand(K, N, gen=g, scale=K ** -0.5),
                    weight=_rand(N, gen=g, scale=0.1, shift=1.0))
         if norm == "rmsnorm":
