@@ -1,19 +1,19 @@
-"""Autograd drop-ins for the fused ops: ``torch.library`` custom ops with backward passes, and ``nn.Module``\\ s.
+"""Autograd drop-ins for the fused ops: ``torch.library`` custom ops with backward passes, and ``nn.Module`` s.
 
-=========================  ==============================  =====================================================
-drop-in (module / function)  forward kernel (``dsl=``)        backward: our kernels (Triton) + PyTorch
-=========================  ==============================  =====================================================
-``LazyRMSNormLinear``        ``lazy_prenorm``: RMSNorm ->      RMSNorm recompute + RMSNorm backward; dgrad / wgrad
-``lazy_rmsnorm_linear``      GEMM, gamma folded into W         cuBLAS
-``LinearRMSNorm``,           ``multi_cta`` / ``naive_fusion``  norm backward from the saved normalized output;
-``LinearLayerNorm``          (GEMM -> norm epilogue)           dgrad / wgrad cuBLAS
-``QKNormAttention``          ``fna_llm``: QK-RMSNorm flash     q/k (o) norm recompute + backward; attention
-``qknorm_attention``         attention                         recomputed and differentiated by PyTorch SDPA
-``FlashNormAttention``,      ``fna``: the blog's PFFN module   LayerNorm / RMSNorm recompute + backward; GDPA
-``gdpa``                                                       recomputed on a padded batch, PyTorch autograd
-``MXNormLinear``,            ``mxnorm``: MXNorm + MXFP8 cast,  straight-through: RMSNorm backward with rho;
-``mxnorm_linear``            gamma folded into the next W      dgrad / wgrad cuBLAS (bf16)
-=========================  ==============================  =====================================================
+One module per fused op (forward call, backward, custom op, module and PyTorch reference in one place):
+
+* ``lazy_prenorm``: ``LazyRMSNormLinear`` / ``lazy_rmsnorm_linear`` -- RMSNorm -> Linear through the Lazy Pre-Norm
+  kernel, gamma folded into the weight; backward: RMSNorm recompute + RMSNorm backward (ours), dgrad / wgrad cuBLAS.
+* ``linear_norm``: ``LinearRMSNorm``, ``LinearLayerNorm`` / ``linear_rmsnorm``, ``linear_layernorm`` -- Linear ->
+  norm through the multi-CTA or naive-fusion kernel; backward: norm backward from the saved normalized output
+  (ours), dgrad / wgrad cuBLAS.
+* ``fna_llm``: ``QKNormAttention`` / ``qknorm_attention`` -- QK-RMSNorm flash attention; backward: q/k (and output)
+  norm recompute + backward (ours), attention recomputed and differentiated by PyTorch SDPA.
+* ``fna``: ``FlashNormAttention`` / ``gdpa`` -- the blog's PFFN module; backward: LayerNorm / RMSNorm recompute +
+  backward (ours), GDPA recomputed on a padded batch and differentiated by PyTorch.
+* ``mxnorm``: ``MXNormLinear`` / ``mxnorm_linear`` -- MXNorm + MXFP8 cast, gamma folded into the next weight;
+  straight-through backward: RMSNorm backward with rho (ours), dgrad / wgrad cuBLAS in bf16.
+* ``norm_ops``: the backward building blocks as custom ops; ``checks``: the GPU gradient checks.
 
 Every op takes ``dsl`` ("triton" default, "helion", or "tlx" in the fbtriton environment) for its forward kernel and
 that DSL's tiling ``config``; the backward kernels are Triton (``kernels_triton/norms_bwd.py``): plain row

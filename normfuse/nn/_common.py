@@ -40,7 +40,7 @@ def config_json(config) -> str:
         return ""
     if isinstance(config, Mapping):
         return json.dumps(dict(config), sort_keys=True)
-    to_dict = getattr(config, "to_dict", None) or getattr(config, "asdict", None)
+    to_dict = getattr(config, "to_dict", None)  # normfuse.tiling.TilingConfigBase
     if callable(to_dict):
         return json.dumps(to_dict(), sort_keys=True)
     import dataclasses
