@@ -319,8 +319,10 @@ def _timing_rows(samples: dict, base: dict, *, reference: str | None = None) -> 
 
 
 def layer_rows(rt: Runtime, cfg: LayerConfig, tokens: int, seq: int, dsl: str, config, rounds: int,
-               base: dict) -> list[dict]:
-    """Check, then time, the training step of both variants at ``tokens = batch x seq`` (module docstring)."""
+               base: dict, *, time_incorrect: bool = False) -> list[dict]:
+    """Check, then time, the training step of both variants at ``tokens = batch x seq`` (module docstring). A
+    variant that fails the check is not timed, unless ``time_incorrect`` (diagnosis only: its rows then say
+    ``status = incorrect`` next to the time)."""
     import torch
 
     batch = tokens // seq
@@ -358,7 +360,7 @@ def layer_rows(rt: Runtime, cfg: LayerConfig, tokens: int, seq: int, dsl: str, c
              f"{r['worst']}: error / tolerance = {r['worst_ratio']:.3g})")
     del results, ref
     label = {"torch": "torch_compile", "dropin": "dropin"}
-    ok_steps = {label[v]: steps[v] for v in steps if report[v]["ok"]}
+    ok_steps = {label[v]: steps[v] for v in steps if report[v]["ok"] or time_incorrect}
     samples = rt.bench(ok_steps, rounds=rounds) if ok_steps else {}
     rows = _timing_rows(samples, {**base, "kind": "layer"}, reference="torch_compile")
     _log(f"tokens={tokens} qk_norm={cfg.qk_norm}: " + ", ".join(f"{r['name']} {r['p50_ms']:.3f} ms" for r in rows))
@@ -368,7 +370,7 @@ def layer_rows(rt: Runtime, cfg: LayerConfig, tokens: int, seq: int, dsl: str, c
                  "worst_err_over_tol": r["worst_ratio"]}
         hit = [row for row in rows if row["name"] == label[v]]
         if hit:
-            hit[0].update(extra)
+            hit[0].update(extra, status="ok" if r["ok"] else "incorrect")
         else:
             rows.append({**base, "kind": "layer", "name": label[v], "status": "incorrect", **extra})
     return rows
@@ -473,7 +475,9 @@ def run_gpu(args, rt: Runtime | None = None, cfg: LayerConfig = LLAMA3_8B) -> Pa
             base = {"run_id": run_id, "tokens": tokens, "batch": tokens // args.seq, "seq": args.seq,
                     "qk_norm": qk, "dsl": args.dsl}
             rows += _run_guarded(lambda: layer_rows(rt, replace(cfg, qk_norm=qk), tokens, args.seq, args.dsl,
-                                                    args.config, args.rounds, base), {**base, "kind": "layer"})
+                                                    args.config, args.rounds, base,
+                                                    time_incorrect=getattr(args, "time_incorrect", False)),
+                                 {**base, "kind": "layer"})
             rt.empty_cache()
         base = {"run_id": run_id, "tokens": tokens, "dsl": args.dsl, "qk_norm": args.qk_norm}
         if not args.skip_phases:
@@ -630,6 +634,8 @@ def main(argv=None):
                     help="Lazy Pre-Norm tiling of --dsl as JSON (default: the DSL's DEFAULT_CONFIG)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds per group")
     ap.add_argument("--skip-phases", action="store_true", help="skip the per-phase GEMM timings")
+    ap.add_argument("--time-incorrect", action="store_true",
+                    help="diagnosis: also time a variant that failed its check (its rows keep status=incorrect)")
     ap.add_argument("--smoke", action="store_true", help="CPU correctness smoke (tiny layer, interpreter, no timing)")
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--out", type=Path, default=REPO / "results" / "layer_bench")
