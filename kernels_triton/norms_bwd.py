@@ -42,9 +42,10 @@ import triton.language as tl
 from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index
 from normfuse.techniques.lazy_prenorm import DTYPES
 
-__all__ = ["MAX_N", "rms_norm_bwd", "layer_norm_bwd", "launch_params"]
+__all__ = ["MAX_N", "rms_norm_bwd", "layer_norm_bwd", "launch_params", "compile_sm90_kernel"]
 
-MAX_N = 16384  # widest row held in registers (16 warps x 32 threads x 32 fp32 values per tensor)
+MAX_N = 16384  # widest row held in registers (16 warps x 32 threads x 32 fp32 values per tensor; the affine
+# form spills a few hundred bytes at 16384 -- correct, slower -- and none up to 8192 on sm_90)
 _PROGRAMS_PER_SM = 4
 _DEFAULT_NUM_SMS = 132  # H100 / H200; used off-GPU (interpreter) only to size the grid
 
@@ -126,7 +127,7 @@ def launch_params(M: int, N: int, device: torch.device | str = "cuda", *, num_sm
     return {"BLOCK_N": block_n, "num_warps": num_warps, "programs": programs, "rows_per_program": rows}
 
 
-def _check(dy, x, rstd, mean, weight, normalized: bool, is_rms: bool) -> tuple[int, int]:
+def _check(dy, x, rstd, mean, weight, normalized: bool, is_rms: bool, launch: bool = True) -> tuple[int, int]:
     for name, t in (("dy", dy), ("x", x), ("rstd", rstd)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -149,28 +150,56 @@ def _check(dy, x, rstd, mean, weight, normalized: bool, is_rms: bool) -> tuple[i
     devices = {t.device for t in (dy, x, rstd, mean, weight) if isinstance(t, torch.Tensor)}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    if x.device.type != "cuda" and not _interpreting():
+    if launch and x.device.type != "cuda" and not _interpreting():
         raise ValueError(f"inputs must be CUDA tensors (got device {x.device}); CPU tensors run only under "
                          "TRITON_INTERPRET=1")
     return M, N
 
 
-def _launch(dy, x, rstd, mean, weight, *, is_rms: bool, normalized: bool, bias_grad: bool):
-    M, N = _check(dy, x, rstd, mean, weight, normalized, is_rms)
-    p = launch_params(M, N, x.device)
+def _prepare(dy, x, rstd, mean, weight, *, is_rms: bool, normalized: bool, bias_grad: bool, launch: bool = True,
+             num_sms: int | None = None):
+    """Validate, allocate dx and the partial buffers; return (grid, args, meta, (dx, dw_part, db_part))."""
+    M, N = _check(dy, x, rstd, mean, weight, normalized, is_rms, launch=launch)
+    p = launch_params(M, N, x.device, num_sms=num_sms)
     dx = torch.empty_like(dy)
     has_w = weight is not None
     shape = (p["programs"], N) if has_w else (1,)
     dw_part = torch.empty(shape, dtype=torch.float32, device=x.device)
     db_part = torch.empty(shape if bias_grad and has_w else (1,), dtype=torch.float32, device=x.device)
+    args = (dy, x, weight if has_w else x, mean if mean is not None else rstd, rstd, dx, dw_part, db_part, M, N,
+            p["rows_per_program"])
+    meta = dict(IS_RMS=is_rms, NORMALIZED=normalized, HAS_W=has_w, HAS_DB=bias_grad and has_w, BLOCK_N=p["BLOCK_N"],
+                num_warps=p["num_warps"], num_stages=1)
+    return (p["programs"],), args, meta, (dx, dw_part, db_part)
+
+
+def _launch(dy, x, rstd, mean, weight, *, is_rms: bool, normalized: bool, bias_grad: bool):
+    grid, args, meta, (dx, dw_part, db_part) = _prepare(dy, x, rstd, mean, weight, is_rms=is_rms,
+                                                        normalized=normalized, bias_grad=bias_grad)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        _norm_bwd_kernel[(p["programs"],)](
-            dy, x, weight if has_w else x, mean if mean is not None else rstd, rstd, dx, dw_part, db_part,
-            M, N, p["rows_per_program"], IS_RMS=is_rms, NORMALIZED=normalized, HAS_W=has_w,
-            HAS_DB=bias_grad and has_w, BLOCK_N=p["BLOCK_N"], num_warps=p["num_warps"], num_stages=1)
-    dw = dw_part.sum(0).to(weight.dtype) if has_w else None
-    db = db_part.sum(0).to(weight.dtype) if bias_grad and has_w else None
+        _norm_bwd_kernel[grid](*args, **meta)
+    dw = dw_part.sum(0).to(weight.dtype) if weight is not None else None
+    db = db_part.sum(0).to(weight.dtype) if bias_grad and weight is not None else None
     return dx, dw, db
+
+
+def compile_sm90_kernel(op: str, x: torch.Tensor, *, affine: bool = True, normalized: bool = False):
+    """Compile the backward of ``op`` ("rms_norm" or "layer_norm"; LayerNorm with a bias gradient when ``affine``)
+    for sm_90 without launching it and return Triton's ``CompiledKernel``. ``x [M, N]``: a CPU tensor of the real
+    shape and dtype (never read). Needs ``normfuse.compile_only.install(90)`` in this process and no
+    ``TRITON_INTERPRET``. ValueError for an unknown op or a bad shape; RuntimeError under the interpreter."""
+    if op not in ("rms_norm", "layer_norm"):
+        raise ValueError(f"unknown op {op!r}; choices: rms_norm, layer_norm")
+    if _interpreting():
+        raise RuntimeError("compile_sm90_kernel cannot run under TRITON_INTERPRET=1")
+    M, N = x.shape
+    stat = torch.empty(M, dtype=torch.float32)
+    w = torch.empty(N, dtype=x.dtype) if affine else None
+    is_rms = op == "rms_norm"
+    grid, args, meta, _ = _prepare(torch.empty_like(x), x, stat, None if is_rms or normalized else stat, w,
+                                   is_rms=is_rms, normalized=normalized, bias_grad=affine and not is_rms,
+                                   launch=False, num_sms=_DEFAULT_NUM_SMS)
+    return _norm_bwd_kernel.warmup(*args, grid=grid, **meta)
 
 
 def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor | None = None, *,

@@ -7,7 +7,10 @@ drop-in) and of the PyTorch reference mode of ``normfuse.nn.norm_ops``, on a CPU
    weight, at M = 1, N = 8 (a row shorter than the 16-wide tile), N = 1000 (masked tail), a mean-shifted LayerNorm
    input, and 150 rows (19 rows per program: the SM count is set to 2 off the GPU, 8 programs); the PyTorch reference of
    ``norm_ops`` against the kernel; a negative control (a 1 % wrong rstd fails the rule); a NaN row stays in its row.
-2. In-process: bad inputs raise TypeError / ValueError naming the constraint; ``launch_params`` sizes the grid.
+2. Compile-only for sm_90 (fake driver, subprocess): RMSNorm / LayerNorm, raw input with affine gradients and the
+   normalized form without, N from 128 to 16384 in bf16: no ptxas spills up to N = 8192 (16384 with the affine
+   partials spills a few hundred bytes: correct, slower), the expected warps, 16-byte-or-wider loads once N allows.
+3. In-process: bad inputs raise TypeError / ValueError naming the constraint; ``launch_params`` sizes the grid.
 """
 
 from __future__ import annotations
@@ -118,6 +121,54 @@ def test_negative_control_fails(interp, dtype):
 
 def test_nan_stays_in_its_row(interp):
     assert interp["nan_row"]["nan_rows"] == [4]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# compile-only for sm_90
+# --------------------------------------------------------------------------------------------------------------
+_COMPILE = r"""
+import json, re, subprocess, tempfile, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_triton import norms_bwd as nb
+from triton.backends.nvidia.compiler import get_ptxas
+
+def spills(ptx):
+    with tempfile.TemporaryDirectory() as d:
+        open(f"{d}/k.ptx", "w").write(ptx)
+        log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True, timeout=120).stderr
+    m = re.search(r"(\d+) bytes spill stores", log)
+    return int(m.group(1)) if m else None
+
+out = {}
+for N in (128, 1000, 4096, 8192, 16384):
+    for op in ("rms_norm", "layer_norm"):
+        for affine in (True, False):
+            ck = nb.compile_sm90_kernel(op, torch.empty(8192, N, dtype=torch.bfloat16), affine=affine,
+                                        normalized=not affine)
+            ptx = ck.asm["ptx"]
+            out[f"{op}/{N}/{affine}"] = dict(spills=spills(ptx), warps=int(ck.metadata.num_warps),
+                                             ld_vec=len(re.findall(r"ld\.global[^\n]*\.v[24]\.", ptx)))
+print(json.dumps(out))
+"""
+
+
+def test_compile_sm90():
+    r = run_python_json(_COMPILE, timeout=900)
+    assert len(r) == 5 * 2 * 2
+    for key, v in r.items():
+        op, N, affine = key.split("/")
+        N = int(N)
+        if N <= 8192 or affine == "False":
+            assert v["spills"] == 0, (key, v)
+        else:  # 16 warps cap a thread at 128 registers: the affine partials spill a little at N = 16384
+            assert (v["spills"] or 0) <= 512, (key, v)
+        assert v["warps"] == (4 if N <= 1024 else 8 if N <= 4096 else 16), (key, v)
+        if N >= 4096:  # multiples of 8 columns and >= 2 per thread: vector loads
+            assert v["ld_vec"] > 0, (key, v)
+    with pytest.raises(ValueError, match="unknown op"):
+        nb.compile_sm90_kernel("group_norm", torch.empty(4, 64))
 
 
 # --------------------------------------------------------------------------------------------------------------
