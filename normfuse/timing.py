@@ -128,6 +128,70 @@ class GraphPair:
         self.g_both = self.g_flush = None
 
 
+def bench_graph_interleaved(fns: dict, *, rounds: int = 20, graph_ms: float = 60.0, flush_bytes: int = 256 << 20,
+                            max_calls: int = 200) -> dict[str, list[float]]:
+    """Paired per-round GPU times (ms per call) of several callables, for comparing variants of one computation.
+
+    The graph-replay method of ``bench_graph_flush``, made paired: every ``fn`` is captured once as ``g_fn = n x
+    (flush; fn)`` and a flush-only graph ``g_flush = n x flush`` is captured with the same ``n`` (chosen so that the
+    slowest ``g_fn`` takes about ``graph_ms``; 1 <= n <= ``max_calls``); each of ``rounds`` rounds replays all of them
+    once, in an order rotated by one position every round (no variant always runs first or right after the flush),
+    and records ``(t_fn - t_flush) / n``. Sample ``i`` of every ``fn`` is from round ``i``: differences and ratios
+    between variants can be taken per round (paired). Each ``fn`` is called three times on a side stream before
+    capture (compilation, autotuning, allocator warm-up, as the CUDA-graph docs prescribe) and must then be
+    capturable (no host synchronization); outputs come from its graph's private pool. Returns ``{name: [ms, ...]}``.
+    Raises ValueError for an empty ``fns`` or ``rounds < 1``."""
+    import torch
+
+    if not fns or rounds < 1:
+        raise ValueError("bench_graph_interleaved needs at least one callable and rounds >= 1")
+    cache = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    est = {}
+    with torch.cuda.stream(side):
+        for name, fn in fns.items():
+            fn(), fn()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            est[name] = max(start.elapsed_time(end), 1e-3)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    n = int(min(max_calls, max(1, graph_ms / max(est.values()))))
+
+    def capture(body):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(n):
+                body()
+        return g
+
+    graphs = {name: capture(lambda fn=fn: (cache.zero_(), fn())) for name, fn in fns.items()}
+    graphs[None] = capture(cache.zero_)
+
+    def replay(g) -> float:
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    names = list(graphs)
+    for name in names:  # one untimed replay each
+        replay(graphs[name])
+    out = {name: [] for name in fns}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        t = {name: replay(graphs[name]) for name in order}
+        for name in fns:
+            out[name].append((t[name] - t[None]) / n)
+    del graphs, cache
+    return out
+
+
 def summarize(times_ms: list[float]) -> dict:
     """p20/p50/p80 (linear interpolation), mean and count of a list of times in ms."""
     if not times_ms:
