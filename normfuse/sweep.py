@@ -213,7 +213,7 @@ def run(cfg: dict) -> Path:
         if reps > 1:
             for k in range(reps):
                 current = base / f"rep{k}"
-                _run_one(cfg, points, run_mode, run_id, current, replicate=k)
+                _run_one(cfg, points, run_mode, run_id, current, replicate=k, calibration=_calibration_of(base / "rep0"))
             _merge_replicates(base)
             return base
         return _run_one(cfg, points, run_mode, run_id, base, replicate=0)
@@ -290,7 +290,16 @@ def _shape_key(p: dict) -> tuple:
             json.dumps(p.get("options") or {}, sort_keys=True))
 
 
-def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir: Path, replicate: int) -> Path:
+def _calibration_of(run_dir: Path) -> dict | None:
+    """The copy-bandwidth / cuBLAS calibration recorded in a run folder's meta.json (None if absent or failed):
+    the replicates of one invocation share replicate 0's instead of measuring it again."""
+    f = run_dir / "meta.json"
+    cal = json.loads(f.read_text()).get("calibration") if f.exists() else None
+    return {**cal, "measured_in": run_dir.name} if cal and cal.get("status", "ok") == "ok" and "copy_tbps" in cal else None
+
+
+def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir: Path, replicate: int,
+             calibration: dict | None = None) -> Path:
     """Measure ``points`` into ``run_dir`` (resuming it): per shape window, the sweep points, then (GPU,
     ``timing.paired.rounds > 0``) the paired rounds of its baselines and each DSL's best configs."""
     from rich.console import Console
@@ -328,7 +337,7 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
         if what not in ("crash", "hang") or not pattern:
             raise ValueError(f"debug.inject entries look like 'crash@<pattern>' or 'hang@<pattern>', got {spec!r}")
         inject[pattern] = what
-    calibration = meta.get("calibration")
+    calibration = meta.get("calibration") or calibration
     completed, measured, interrupted = False, 0, False
     gpu_before, uuid, mismatches, gpu_props = {"available": False}, None, [], {}
     common = {"run_id": run_id, "experiment": cfg["experiment_name"], "hardware": cfg["hardware"]["name"],
