@@ -328,8 +328,9 @@ def _prepare(q, k, v, q_offsets, max_len, eps, config):
     for b0, b1 in chunks(B, MAX_GRID_YZ):
         k_desc = TensorDescriptor.from_tensor(k[b0:b1].view((b1 - b0) * Lkv, H * D), [Lkv, D])
         v_desc = TensorDescriptor.from_tensor(v[b0:b1].view((b1 - b0) * Lkv, H * D), [Lkv, D])
+        offsets = q_offsets if (b0, b1) == (0, B) else q_offsets[b0:b1 + 1]
         grid = (n_m * H, b1 - b0) if cfg.CLUSTER else (n_m, b1 - b0)
-        launches.append(((q, k_desc, v_desc, q_offsets[b0:b1 + 1], out, eps), grid))
+        launches.append(((q, k_desc, v_desc, offsets, out, eps), grid))
     if cfg.CLUSTER:
         meta = dict(H=H, D=D, LKV=Lkv, BLOCK_M=BLOCK_M, num_warps=4, num_stages=1, ctas_per_cga=(H, 1, 1))
         return out, _fna_gdpa_cluster_kernel, launches, meta

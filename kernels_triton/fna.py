@@ -261,7 +261,8 @@ def _prepare(q, k, v, q_offsets, max_len, eps, config):
         raise ValueError(f"BLOCK_M * Lkv = {cfg.BLOCK_M * Lkv} is too large a score tile for {cfg.num_warps} warps")
     out = torch.empty_like(q)
     n_m = triton.cdiv(max_len, cfg.BLOCK_M)
-    launches = [((q, k[b0:b1], v[b0:b1], q_offsets[b0:b1 + 1], out, eps), (n_m, b1 - b0))
+    launches = [((q, k, v, q_offsets, out, eps) if (b0, b1) == (0, B) else
+                 (q, k[b0:b1], v[b0:b1], q_offsets[b0:b1 + 1], out, eps), (n_m, b1 - b0))
                 for b0, b1 in chunks(B, MAX_GRID_YZ)]
     meta = dict(H=H, D=D, LKV=Lkv, BLOCK_M=cfg.BLOCK_M, FP32=q.dtype == torch.float32,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)

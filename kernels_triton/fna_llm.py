@@ -320,10 +320,12 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     k = k_n if materialize else k  # materialize: the attention kernel reads k_n instead of K
     launches = []
     for b0, b1 in batch_slices(B, Hq):
-        rstd = rstd_k[b0 * Hkv * S:b1 * Hkv * S] if prepass else dummy
-        args = (q[b0:b1], k[b0:b1], v[b0:b1], o[b0:b1], q_weight if norms else dummy, k_weight if norms else dummy,
-                o_weight if o_weight is not None else dummy, rstd, S, Hq, Hq // Hkv, float(eps),
-                LOG2E / math.sqrt(D))
+        whole = (b0, b1) == (0, B)  # the usual single launch gets the tensors themselves, not views
+        qs, ks, vs, os_ = (t if whole else t[b0:b1] for t in (q, k, v, o))
+        rstd = rstd_k if whole or not prepass else rstd_k[b0 * Hkv * S:b1 * Hkv * S]
+        args = (qs, ks, vs, os_, q_weight if norms else dummy, k_weight if norms else dummy,
+                o_weight if o_weight is not None else dummy, rstd if prepass else dummy, S, Hq, Hq // Hkv,
+                float(eps), LOG2E / math.sqrt(D))
         launches.append((args, (triton.cdiv(S, cfg.BLOCK_M), (b1 - b0) * Hq, 1)))
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal, NORM_QK=norms,
               K_PREPASS=prepass, NORM_O=o_weight is not None,
