@@ -3,7 +3,8 @@ r"""FlashNormAttention, LLM variant, in TLX (fbtriton 3.7.4) for the H200 (sm_90
 online softmax in fp32, causal or not, GQA), with an optional per-head RMSNorm of the output. Math and cost model:
 ``normfuse/techniques/fna_llm.py``.
 
-Kernel (``_fna_llm_ws_kernel``; one CTA per (Q tile of ``BLOCK_M`` rows, batch x query head)), after the
+Kernel (``_fna_llm_ws_kernel``; one CTA per (Q tile of ``BLOCK_M`` rows, batch x query head); one launch per
+``kernels_triton.fna_llm.batch_slices`` slice of at most 65535 (batch, head) pairs), after the
 Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
 
 * **Producer** (``"default"`` task, 4 warps): builds per-(batch, head) device-side TMA descriptors ``[S, D]`` (rows

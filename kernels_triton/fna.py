@@ -9,8 +9,9 @@ Math (spec: ``normfuse.techniques.fna``; fp32 statistics and accumulators), per 
 Design (what Triton can express): one program owns ``BLOCK_M`` tokens of one sequence and ALL H heads, so both
 norms' reductions over H*D are program-local — no cluster, no DSMEM (Triton has no user-visible DSMEM):
 
-* grid ``(cdiv(max_len, BLOCK_M), B)``; a program whose tile starts past its sequence's length exits at once
-  (jagged batch, no padding work beyond the last partial tile; zero-length sequences launch empty programs);
+* grid ``(cdiv(max_len, BLOCK_M), B)`` (one launch per 65535 sequences, the grid's y limit); a program whose tile
+  starts past its sequence's length exits at once (jagged batch, no padding work beyond the last partial tile;
+  zero-length sequences launch empty programs);
 * pass 1, LayerNorm statistics: loop over heads loading ``q_h [BLOCK_M, D]``: the mean, then the centred sum of
   squares (two passes over L1/L2-resident q: no ``E[x^2] - mean^2`` cancellation);
 * pass 2, per head (``tl.static_range(H)``: unrolled, so Triton's software pipeliner never sees a loaded tile

@@ -22,7 +22,8 @@ Three ways to normalize K (``TilingConfig.K_NORM``), all inside the public ``qkn
 
 ``attention`` (no norms) ignores ``K_NORM``.
 
-Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), B * Hq)``):
+Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), B * Hq)``, one launch per
+``batch_slices`` slice of at most 65535 (batch, head) pairs, the grid's y limit):
 
 * the Q tile ``[BLOCK_M, D]`` is loaded once, normalized in fp32 (``rsqrt(mean(q²) + eps) * q_weight``, times
   ``k_weight`` for prepass) and rounded to the input dtype: once per Q tile; the scores get ``log2(e) / sqrt(D)``
