@@ -50,9 +50,10 @@ import helion.language as hl
 import torch
 from helion.runtime.ref_mode import is_ref_mode_enabled
 
-from kernels_helion.lazy_prenorm import _as_on_h200, _check_eps, _live_args
+from kernels_helion.lazy_prenorm import _as_on_h200, _live_args
 from normfuse.techniques import fna as spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 FUNCTIONS = ("gdpa",)
 HEAD_LOOPS = ("static", "grid")  # hl.static_range (unrolled) or hl.grid device loops
@@ -201,11 +202,17 @@ def ref_mode() -> bool:
 
 
 def _args(q, k, v, q_offsets, max_len, eps, config):
+    """Validate; return the kernel's arguments and the TilingConfig. A batch of one token (total_q = 1) gets q
+    padded with a zero row that no sequence reaches: Helion's code generation specializes a size-1 dimension and
+    then fails to compile the ``[BLOCK_M, D]`` token gather (issue 15)."""
+    check_forward_only("fna.gdpa", q=q, k=k, v=v)
+    eps = check_eps(eps)
     cfg = TilingConfig.from_dict(config)
     total_q, B, H, D, Lkv = spec.check_inputs(q, k, v, q_offsets, max_len, eps)
-    if D & (D - 1) or Lkv & (Lkv - 1):
-        raise ValueError(f"D = {D} and Lkv = {Lkv} must be powers of two (hl.arange / dot tiles)")
-    return (q.view(total_q, H * D), k, v, q_offsets, max_len, _check_eps(eps)), cfg
+    q2 = q.view(total_q, H * D)
+    if total_q == 1:
+        q2 = torch.cat([q2, q2.new_zeros(1, H * D)])
+    return (q2, k, v, q_offsets, max_len, eps), cfg
 
 
 def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, max_len: int, *,
@@ -213,24 +220,28 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     """FlashNormAttention forward: ``RMSNorm(gdpa(LayerNorm(q)) + LayerNorm(q)) + q`` (norms over H*D, no affine).
 
     ``q [total_q, H, D]`` jagged with ``q_offsets [B+1]`` (int32/int64; lengths in [0, max_len]), ``k, v
-    [B, Lkv, H, D]``; bf16/fp16 (fp32 in ref mode); D and Lkv powers of two. Returns ``out`` like q. Raises
-    TypeError/ValueError for invalid inputs or config (``normfuse.techniques.fna.check_inputs``,
-    ``TilingConfig``), ValueError for CPU tensors outside ref mode."""
+    [B, Lkv, H, D]``; bf16/fp16 (fp32 in ref mode); D, Lkv as ``normfuse.techniques.fna.check_inputs`` (powers of
+    two; D 32..128, Lkv 16..128). Any B, any size (Helion picks 64-bit indexing when an input exceeds 2^31
+    elements), any alignment (pointer loads). Returns ``out`` like q. Raises NotImplementedError when autograd
+    would record through it (forward only), TypeError/ValueError for invalid inputs, ``eps`` (None included) or
+    config (``normfuse.techniques.fna.check_inputs``, ``TilingConfig``), ValueError for CPU tensors outside ref
+    mode."""
     args, cfg = _args(q, k, v, q_offsets, max_len, eps, config)
     if q.shape[0] == 0:
         return torch.empty_like(q)
     if ref_mode():
-        return _kernel(cfg)(*args).view(q.shape)
+        return _kernel(cfg)(*args)[:q.shape[0]].view(q.shape)
     if q.device.type != "cuda":
         raise ValueError("gdpa needs CUDA tensors; on CPU set HELION_INTERPRET=1 before importing helion (ref mode)")
-    key = (tuple(q.shape), tuple(k.shape), q.dtype, q_offsets.dtype, max_len, q.device, cfg)
+    q2 = args[0]
+    key = (tuple(q2.shape), tuple(k.shape), q.dtype, q_offsets.dtype, max_len, q.device, cfg)
     fn = _COMPILED.get(key)
     if fn is None:
         bound = _kernel(cfg).bind(args)
         with _live_args(bound, args):
             fn = bound.compile_config(cfg.to_helion())
         _COMPILED[key] = fn
-    return fn(*args).view(q.shape)
+    return fn(*args)[:q.shape[0]].view(q.shape)
 
 
 def _bound(op, q, k, v, q_offsets, max_len, eps, config):

@@ -80,6 +80,7 @@ from helion.runtime.ref_mode import is_ref_mode_enabled
 from kernels_helion.lazy_prenorm import _as_on_h200, _live_args
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 OPS = ("qknorm_attention", "attention")
 LOG2E = 1.4426950408889634
@@ -234,7 +235,12 @@ def _args(q, k, v, q_weight, k_weight, o_weight, causal, eps, norms: bool,
     ``K_NORM = "prepass"``: ``k_rstd`` (argument 6) is a ``[B*Hkv, S]`` fp32 buffer written by ``_k_rstd_kernel``;
     ``"materialize"``: argument 1 is a ``[B, Hkv, S, D]`` scratch ``k_n`` written by ``_k_norm_kernel`` from k
     and k_weight, and the attention kernel gets ``k_weight = None``; ``"inloop"``: no pre-pass. ``attention``
-    ignores K_NORM (no norms, no pre-pass)."""
+    ignores K_NORM (no norms, no pre-pass). Raises NotImplementedError when autograd would record through the op
+    (forward only), ValueError for ``eps`` (None included) not a finite number > 0."""
+    check_forward_only("fna_llm.qknorm_attention" if norms else "fna_llm.attention", q=q, k=k, v=v,
+                       q_weight=q_weight, k_weight=k_weight, o_weight=o_weight)
+    if norms:
+        eps = check_eps(eps)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if norms and (q_weight is None or k_weight is None):
@@ -294,8 +300,10 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     ``"inloop"``: none (K tiles normalized in the KV loop).
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv), weights ``[D]``, one dtype (bf16 on the
-    GPU), contiguous, CUDA (CPU in ref mode). Returns o ``[B, Hq, S, D]`` in q's dtype. Raises TypeError /
-    ValueError for bad inputs (``normfuse.techniques.fna_llm.check_inputs``) or config (e.g. ``K_NORM`` not
+    GPU), contiguous, CUDA (CPU in ref mode); any B·Hq, any size (Helion picks 64-bit indexing past 2^31
+    elements), any alignment (pointer loads). Returns o ``[B, Hq, S, D]`` in q's dtype. Raises
+    NotImplementedError when autograd would record through it (forward only), TypeError / ValueError for bad
+    inputs (``normfuse.techniques.fna_llm.check_inputs``), ``eps`` (None included) or config (e.g. ``K_NORM`` not
     prepass / inloop / materialize), ValueError for CPU tensors outside ref mode.
     """
     return _run(*_args(q, k, v, q_weight, k_weight, o_weight, causal, eps, True, config))

@@ -53,6 +53,7 @@ from kernels_helion.lazy_prenorm import _as_on_h200, _live_args, ptxas_usage  # 
 from kernels_helion.norms import TilingConfig as _NormTiling
 from normfuse.mxfp8 import check_scale_mode
 from normfuse.techniques.mxnorm import BLOCK, check_inputs, mx_constant
+from normfuse.validate import check_eps, check_forward_only, is_aligned
 
 __all__ = ["TilingConfig", "DEFAULT_CONFIG", "H200_CANDIDATES", "OPS", "rmsnorm_mxfp8", "mxnorm_mxfp8",
            "compile_sm90", "compile_sm90_kernel", "ptxas_usage", "triton_code", "ref_mode", "default_config",
@@ -188,6 +189,8 @@ def ref_mode() -> bool:
 def _args(op: str, x, p, eps, scale_mode) -> tuple:
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    check_forward_only(f"mxnorm.{op}", x=x)
+    eps = check_eps(eps)
     if op == "mxnorm_mxfp8" and p is None:
         raise ValueError("mxnorm_mxfp8 needs p (1 or 2)")
     _, D = check_inputs(x, eps, p, scale_mode)
@@ -227,7 +230,8 @@ def _run(op: str, x, p, eps, scale_mode, config):
     if x.device.type != "cuda":
         raise ValueError(f"{op} needs CUDA tensors (got {x.device}); on CPU set HELION_INTERPRET=1 before "
                          "importing helion (ref mode), or use compile_sm90 for a compile-only check")
-    ck = (x.shape, x.dtype, x.device, args[1:], cfg)
+    # alignment in the key: Helion chooses TMA (indexing="tensor_descriptor") only for a 16-byte aligned base
+    ck = (x.shape, x.dtype, x.device, args[1:], cfg, is_aligned(x))
     fn = _COMPILED.get(ck)
     if fn is None:
         bound = _mx_cast_kernel.bind(args)
@@ -250,8 +254,10 @@ def rmsnorm_mxfp8(x: torch.Tensor, *, eps: float = 1e-6, scale_mode: str = "floo
     ``x [T, D]``: 2-D row-major contiguous bf16/fp16/fp32 (CUDA, or CPU in ref mode); T >= 1, D a multiple of 32.
     ``eps`` > 0; ``scale_mode`` "floor" | "rceil"; ``config``: ``TilingConfig``, a mapping, or None
     (``default_config(D)``). Returns ``(data [T, D] float8_e4m3fn, scales [T, D/32] uint8, rstd [T] fp32)``.
-    Raises TypeError/ValueError via ``normfuse.techniques.mxnorm.check_inputs`` (dtype, rank, contiguity, D % 32,
-    eps, scale mode), ValueError for a bad config and for non-CUDA tensors outside ref mode.
+    Any number of elements (Helion picks 64-bit indexing past 2^31) and any alignment. Raises
+    NotImplementedError when autograd would record through it (forward only), TypeError/ValueError via
+    ``normfuse.techniques.mxnorm.check_inputs`` (dtype, rank, contiguity, D % 32, D > 65536, eps (None included),
+    scale mode), ValueError for a bad config and for non-CUDA tensors outside ref mode.
     """
     return _run("rmsnorm_mxfp8", x, None, eps, scale_mode, config)
 

@@ -92,9 +92,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from normfuse.techniques import fna as spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import MAX_GRID_YZ, aligned, check_eps, check_forward_only, chunks
 
 FUNCTIONS = ("gdpa",)
 BLOCK_M = 64  # one consumer warpgroup: wgmma m64
+LKV_MIN = 32  # smallest Lkv the kernels take (wgmma N of S = ln_q K^T); the wrapper pads Lkv = 16 up to it
 CLUSTER_HEADS = (2, 3, 4, 5, 6, 7, 8)  # H with CLUSTER=True: clusters of 2..8 CTAs (Hopper's portable limit)
 
 
@@ -295,30 +297,46 @@ def _fna_gdpa_cluster_kernel(q_ptr, k_desc, v_desc, off_ptr, out_ptr, eps,
 
 
 def _prepare(q, k, v, q_offsets, max_len, eps, config):
-    """Validate; return ``(out, kernel, args, grid, meta)``."""
+    """Validate; return ``(out, kernel, launches, meta)`` with ``launches`` a list of ``(args, grid)``: one per
+    slice of at most ``MAX_GRID_YZ`` = 65535 sequences (grid axis y; the slices share q and out, whose token
+    offsets come from q_offsets, and get descriptors over their own K/V rows).
+
+    K/V reach the kernel through TMA, so a 16-byte-misaligned k or v (a view with a storage offset) is copied to
+    aligned memory first (``normfuse.validate.aligned``), and Lkv = 16 is padded with zero rows to ``LKV_MIN`` =
+    32, the smallest N of the S = ln_q K^T wgmma (``async_dot`` needs N >= 32): the padded score columns are
+    exactly 0, gelu_tanh(0) = 0, and the zero V rows add nothing, so the result is that of Lkv = 16."""
+    check_forward_only("fna.gdpa", q=q, k=k, v=v)
+    eps = check_eps(eps)
     cfg = TilingConfig.from_dict(config)
     total_q, B, H, D, Lkv = spec.check_inputs(q, k, v, q_offsets, max_len, eps)
     if q.dtype == torch.float32:
         raise TypeError("the TLX gdpa kernel takes bf16/fp16 (wgmma operands), got float32")
-    if D & (D - 1) or D > 128 or Lkv & (Lkv - 1) or Lkv > 256:
-        raise ValueError(f"D = {D} must be a power of two <= 128 and Lkv = {Lkv} a power of two <= 256 "
-                         "(TMA boxes, one warpgroup's registers)")
+    if D & (D - 1) or not 32 <= D <= 128 or Lkv & (Lkv - 1) or Lkv > 256:
+        raise ValueError(f"D = {D} must be a power of two in [32, 128] and Lkv = {Lkv} a power of two <= 256 "
+                         "(wgmma N >= 32, TMA boxes, one warpgroup's registers)")
     cfg.check_heads(H)
+    k, v = aligned(k), aligned(v)
+    if Lkv < LKV_MIN:  # zero rows: score columns exactly 0, gelu_tanh(0) = 0, zero V rows (docstring above)
+        pad = k.new_zeros(B, LKV_MIN - Lkv, H, D)
+        k, v, Lkv = torch.cat([k, pad], 1), torch.cat([v, pad], 1), LKV_MIN
     smem = (1 if cfg.CLUSTER else cfg.NUM_BUFFERS) * 2 * Lkv * D * q.element_size()
     if smem > 200 * 1024:
         raise ValueError(f"the K/V ring needs {smem} B of shared memory (> 200 KiB); use fewer NUM_BUFFERS")
     out = torch.empty_like(q)
-    k_desc = TensorDescriptor.from_tensor(k.view(B * Lkv, H * D), [Lkv, D])
-    v_desc = TensorDescriptor.from_tensor(v.view(B * Lkv, H * D), [Lkv, D])
-    args = (q, k_desc, v_desc, q_offsets, out, float(eps))
+    n_m = triton.cdiv(max_len, BLOCK_M)
+    launches = []
+    for b0, b1 in chunks(B, MAX_GRID_YZ):
+        k_desc = TensorDescriptor.from_tensor(k[b0:b1].view((b1 - b0) * Lkv, H * D), [Lkv, D])
+        v_desc = TensorDescriptor.from_tensor(v[b0:b1].view((b1 - b0) * Lkv, H * D), [Lkv, D])
+        offsets = q_offsets if (b0, b1) == (0, B) else q_offsets[b0:b1 + 1]
+        grid = (n_m * H, b1 - b0) if cfg.CLUSTER else (n_m, b1 - b0)
+        launches.append(((q, k_desc, v_desc, offsets, out, eps), grid))
     if cfg.CLUSTER:
-        grid = (triton.cdiv(max_len, BLOCK_M) * H, B)
         meta = dict(H=H, D=D, LKV=Lkv, BLOCK_M=BLOCK_M, num_warps=4, num_stages=1, ctas_per_cga=(H, 1, 1))
-        return out, _fna_gdpa_cluster_kernel, args, grid, meta
-    grid = (triton.cdiv(max_len, BLOCK_M), B)
+        return out, _fna_gdpa_cluster_kernel, launches, meta
     meta = dict(H=H, D=D, LKV=Lkv, BLOCK_M=BLOCK_M, NUM_BUFFERS=cfg.NUM_BUFFERS, CONSUMER_REGS=cfg.CONSUMER_REGS,
                 num_warps=4, num_stages=1)
-    return out, _fna_gdpa_tlx_kernel, args, grid, meta
+    return out, _fna_gdpa_tlx_kernel, launches, meta
 
 
 def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, max_len: int, *,
@@ -326,13 +344,17 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     """FlashNormAttention forward: ``RMSNorm(gdpa(LayerNorm(q)) + LayerNorm(q)) + q`` (norms over H*D, no affine).
 
     ``q [total_q, H, D]`` jagged with ``q_offsets [B+1]`` (int32/int64; lengths in [0, max_len]), ``k, v
-    [B, Lkv, H, D]``, bf16/fp16 CUDA tensors; D a power of two <= 128, Lkv a power of two <= 256. ``config``: a
+    [B, Lkv, H, D]``, bf16/fp16 CUDA tensors; D and Lkv as ``normfuse.techniques.fna.check_inputs`` (powers of
+    two; D 32..128, Lkv 16..128: Lkv = 16 is padded to 32 with zero rows). Any B (one launch per 65535
+    sequences), any size (64-bit token offsets), any alignment (misaligned k/v are copied for TMA). ``config``: a
     ``TilingConfig``, a dict of its fields or None; ``CLUSTER=True`` runs a cluster of H CTAs per Q tile (H in
-    ``CLUSTER_HEADS`` = 2..8). Returns ``out`` like q. Raises TypeError/ValueError for invalid inputs or config
+    ``CLUSTER_HEADS`` = 2..8). Returns ``out`` like q. Raises NotImplementedError when autograd would record
+    through it (forward only), TypeError/ValueError for invalid inputs, ``eps`` (None included) or config
     (ValueError for CLUSTER=True with H outside 2..8)."""
-    out, kernel, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    out, kernel, launches, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
     if out.numel():
-        kernel[grid](*args, **meta)
+        for args, grid in launches:
+            kernel[grid](*args, **meta)
     return out
 
 
@@ -348,5 +370,6 @@ def compile_sm90_kernel(op, q, k, v, q_offsets, max_len, *, eps: float = 1e-5, c
     """As ``compile_sm90`` but returns Triton's ``CompiledKernel``."""
     if op not in FUNCTIONS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(FUNCTIONS)}")
-    _, kernel, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    _, kernel, launches, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    args, grid = launches[0]
     return kernel.warmup(*args, grid=grid, **meta)

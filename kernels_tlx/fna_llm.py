@@ -3,7 +3,8 @@ r"""FlashNormAttention, LLM variant, in TLX (fbtriton 3.7.4) for the H200 (sm_90
 online softmax in fp32, causal or not, GQA), with an optional per-head RMSNorm of the output. Math and cost model:
 ``normfuse/techniques/fna_llm.py``.
 
-Kernel (``_fna_llm_ws_kernel``; one CTA per (Q tile of ``BLOCK_M`` rows, batch x query head)), after the
+Kernel (``_fna_llm_ws_kernel``; one CTA per (Q tile of ``BLOCK_M`` rows, batch x query head); one launch per
+``kernels_triton.fna_llm.batch_slices`` slice of at most 65535 (batch, head) pairs), after the
 Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
 
 * **Producer** (``"default"`` task, 4 warps): builds per-(batch, head) device-side TMA descriptors ``[S, D]`` (rows
@@ -83,9 +84,11 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_triton.fna_llm import RSTD_BLOCK_ROWS, _k_norm_kernel, _k_rstd_kernel, k_prepass  # noqa: F401
+from kernels_triton.fna_llm import (RSTD_BLOCK_ROWS, _k_norm_kernel, _k_rstd_kernel, batch_slices,  # noqa: F401
+                                    k_prepass)
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import aligned, check_eps, check_forward_only
 
 LOG2E = 1.4426950408889634
 NUM_MMA_GROUPS = 2  # consumer warpgroups, 64 query rows each
@@ -269,6 +272,14 @@ def _alloc_fn(size: int, align: int, stream):
 
 
 def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: bool, need_cuda: bool = True):
+    """Validate and build ``(o, launches, constexpr kwargs, pre-pass)``: ``launches`` a list of ``(args, grid)``,
+    one per ``kernels_triton.fna_llm.batch_slices`` slice (at most 65535 (batch, head) pairs on grid axis y).
+    Q, K and V are loaded by TMA, so a 16-byte-misaligned q, k or v (a view with a storage offset) is copied to
+    aligned memory first (``normfuse.validate.aligned``)."""
+    check_forward_only("fna_llm.qknorm_attention" if norms else "fna_llm.attention", q=q, k=k, v=v,
+                       q_weight=q_weight, k_weight=k_weight, o_weight=o_weight)
+    if norms:
+        eps = check_eps(eps)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if norms and (q_weight is None or k_weight is None):
@@ -281,20 +292,26 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     cfg = TilingConfig.from_dict(config)
     if need_cuda and q.device.type != "cuda":
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); TLX has no CPU mode (use compile_sm90)")
+    q, k, v = aligned(q), aligned(k), aligned(v)
     o = torch.empty_like(q)
     dummy = q
     pre, rstd_k, k_n = k_prepass(k, k_weight, eps, cfg.K_NORM if norms else None)
     prepass, materialize = rstd_k is not None, k_n is not None
-    rstd_k = rstd_k if prepass else dummy
     k = k_n if materialize else k  # materialize: the attention kernel reads k_n (γk included) instead of k
-    args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
-            o_weight if o_weight is not None else dummy, rstd_k, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
-    grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
+    launches = []
+    for b0, b1 in batch_slices(B, Hq):
+        whole = (b0, b1) == (0, B)  # the usual single launch gets the tensors themselves, not views
+        qs, ks, vs, os_ = (t if whole else t[b0:b1] for t in (q, k, v, o))
+        rstd = rstd_k if whole or not prepass else rstd_k[b0 * Hkv * S:b1 * Hkv * S]
+        args = (qs, ks, vs, os_, q_weight if norms else dummy, k_weight if norms else dummy,
+                o_weight if o_weight is not None else dummy, rstd if prepass else dummy, S, Hq, Hq // Hkv,
+                float(eps), LOG2E / math.sqrt(D))
+        launches.append((args, (triton.cdiv(S, cfg.BLOCK_M), (b1 - b0) * Hq, 1)))
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
               NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, K_PREPASS=prepass,
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
               K_MATERIALIZED=materialize, num_warps=4, num_stages=1)
-    return o, args, grid, kw, pre
+    return o, launches, kw, pre
 
 
 def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
@@ -308,25 +325,30 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     pays anyway when it writes the normalized K into its KV cache).
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv, D in {64, 128}), weights ``[D]``, one
-    dtype (bf16/fp16), contiguous CUDA tensors. Returns o ``[B, Hq, S, D]``. Raises TypeError / ValueError for bad
-    inputs (``normfuse.techniques.fna_llm.check_inputs`` plus the dtype / D limits above) or config (e.g. ``K_NORM``
-    not prepass / inloop / materialize), ValueError for CPU tensors.
+    dtype (bf16/fp16), contiguous CUDA tensors. Any B·Hq (one launch per slice of at most 65535 (batch, head)
+    pairs), any size (64-bit per-head bases), any alignment (a 16-byte-misaligned q, k or v is copied for TMA).
+    Returns o ``[B, Hq, S, D]``. Raises NotImplementedError when autograd would record through it (forward only),
+    TypeError / ValueError for bad inputs (``normfuse.techniques.fna_llm.check_inputs`` plus the dtype / D limits
+    above, which match the spec's CUDA contract), ``eps`` (None included) or config (e.g. ``K_NORM`` not prepass /
+    inloop / materialize), ValueError for CPU tensors.
     """
-    o, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
+    o, launches, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
     if pre is not None:  # K_NORM = "prepass" / "materialize": rstd_k or k_n first (same stream, so ordered)
         pre_kernel, pre_args, pre_grid, pre_kw = pre
         pre_kernel[pre_grid](*pre_args, **pre_kw)
     triton.set_allocator(_alloc_fn)  # device-side TMA descriptors
-    _fna_llm_ws_kernel[grid](*args, **kw)
+    for args, grid in launches:
+        _fna_llm_ws_kernel[grid](*args, **kw)
     return o
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
     """The same warp-specialized kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (``K_NORM`` is
     validated and ignored)."""
-    o, args, grid, kw, _ = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
+    o, launches, kw, _ = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
     triton.set_allocator(_alloc_fn)
-    _fna_llm_ws_kernel[grid](*args, **kw)
+    for args, grid in launches:
+        _fna_llm_ws_kernel[grid](*args, **kw)
     return o
 
 
@@ -350,7 +372,8 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
         q_weight = q_weight if q_weight is not None else torch.empty(D, dtype=q.dtype)
         k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
     ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
-    _, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, need_cuda=False)
+    _, launches, kw, pre = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, need_cuda=False)
+    args, grid = launches[0]
     compiled = _fna_llm_ws_kernel.warmup(*args, grid=grid, **kw)
     ptx = compiled.asm["ptx"]
     out = summarize(compiled)

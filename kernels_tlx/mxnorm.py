@@ -62,6 +62,7 @@ import triton.language.extra.tlx as tlx
 from normfuse.mxfp8 import check_scale_mode
 from normfuse.techniques import mxnorm as _spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import aligned, check_eps, check_forward_only
 
 SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
 SMEM_PER_SM_BYTES = 233472  # 228 KB per SM (1 KB of it reserved per resident CTA)
@@ -88,7 +89,8 @@ class TilingConfig(TilingConfigBase):
         CTAS_PER_SM: pipelined grid = min(#full tiles, #SMs * min(CTAS_PER_SM, CTAs that fit in 228 KB of shared
             memory)); plain persistent grid = #SMs * CTAS_PER_SM * max(1, 16 // num_warps) (1..8).
         PERSISTENT: plain kernel only: a persistent grid (#SMs * CTAS_PER_SM programs) instead of one per tile.
-        num_warps: warps per CTA (power of 2, 1..32), or None: ``clamp(ROWS * D / (32 * 32), 4, 16)``.
+        num_warps: warps per CTA (power of 2, 1..32), or None: ``clamp(ROWS * D / (32 * 32), 4, 16)``, 32 where
+            16 would leave a thread more than 64 elements (D > 32768).
         SOFT_CAST: integer E4M3 cast instead of ``cvt.rn.satfinite.e4m3x2.f32``.
 
     Construction validates the D-independent constraints, ``resolve(T, D, itemsize)`` the rest; both raise
@@ -143,6 +145,8 @@ class TilingConfig(TilingConfigBase):
             if not self.STAGES:
                 rows = min(rows, triton.next_power_of_2(T))
         warps = self.num_warps or min(16, max(4, triton.next_power_of_2(rows * d_pad // (32 * 32))))
+        if self.num_warps is None and rows * d_pad // (32 * warps) > MAX_ELEMS_PER_THREAD:
+            warps = 32  # D > 32768 at ROWS = 1: 32 warps keep <= 64 elements per thread (D up to 65536)
         per_thread = rows * d_pad // (32 * warps)
         if per_thread > MAX_ELEMS_PER_THREAD:
             raise ValueError(f"config cannot serve D={D}: ROWS * D / (32 * num_warps) = {per_thread} elements of x "
@@ -387,6 +391,8 @@ def _launch(op, x, p, eps, scale_mode, config, *, need_cuda: bool, compile_only:
     Under ``TRITON_INTERPRET=1`` (CPU tensors allowed) only the plain kernel runs, with the software E4M3 cast."""
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    check_forward_only(f"mxnorm.{op}", x=x)
+    eps = check_eps(eps)
     if op == "mxnorm_mxfp8" and p is None:
         raise ValueError("mxnorm_mxfp8 needs p (1 or 2)")
     M, D = _spec.check_inputs(x, eps, p, scale_mode)
@@ -412,6 +418,7 @@ def _launch(op, x, p, eps, scale_mode, config, *, need_cuda: bool, compile_only:
     common = dict(ROWS=rows, MODE=mode_id, RCEIL=mode == "rceil", SOFT_CAST=cfg.SOFT_CAST,
                   num_warps=prm["num_warps"], num_stages=1)
     if cfg.STAGES:
+        x = aligned(x)  # cp.async.bulk needs 16-byte aligned addresses: a misaligned view is copied first
         n_full = M // rows
         fit = max(1, (SMEM_PER_SM_BYTES - 1024) // (prm["smem"] + 1024))  # CTAs per SM that shared memory allows
         grid = (max(1, min(n_full, _num_sms(x) * min(cfg.CTAS_PER_SM, fit))), )
@@ -443,10 +450,14 @@ def rmsnorm_mxfp8(x: torch.Tensor, *, eps: float = 1e-6, scale_mode: str = "floo
     Returns:
         ``(data [T, D] float8_e4m3fn, scales [T, D/32] uint8 E8M0, rstd [T] fp32)``.
 
+    Any number of elements (64-bit offsets) and any alignment: the pipelined kernel copies a 16-byte-misaligned
+    x (a view with a storage offset) to aligned memory first (``cp.async.bulk`` needs aligned addresses).
+
     Raises:
+        NotImplementedError: autograd would record through it (forward only).
         TypeError: non-tensor x, unsupported dtype, config of the wrong type.
-        ValueError: rank, contiguity, D % 32, eps, scale_mode, non-CUDA tensors, invalid config or one that
-            cannot serve D (``TilingConfig.resolve``).
+        ValueError: rank, contiguity, D % 32, D > 65536, eps (None included), scale_mode, non-CUDA tensors,
+            invalid config or one that cannot serve D (``TilingConfig.resolve``).
     """
     return _launch("rmsnorm_mxfp8", x, None, eps, scale_mode, config, need_cuda=not _interpreting())[0]
 
@@ -519,6 +530,7 @@ def emulate_pipelined(op: str, x: torch.Tensor, *, p: int | None = None, eps: fl
     program does. Returns ``(data, scales, rstd)``. Raises like the ops, and ValueError unless ``config.STAGES``."""
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    eps = check_eps(eps)
     M, D = _spec.check_inputs(x, eps, p, scale_mode)
     cfg = _as_config(config)
     if not cfg.STAGES:

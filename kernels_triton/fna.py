@@ -9,8 +9,9 @@ Math (spec: ``normfuse.techniques.fna``; fp32 statistics and accumulators), per 
 Design (what Triton can express): one program owns ``BLOCK_M`` tokens of one sequence and ALL H heads, so both
 norms' reductions over H*D are program-local — no cluster, no DSMEM (Triton has no user-visible DSMEM):
 
-* grid ``(cdiv(max_len, BLOCK_M), B)``; a program whose tile starts past its sequence's length exits at once
-  (jagged batch, no padding work beyond the last partial tile; zero-length sequences launch empty programs);
+* grid ``(cdiv(max_len, BLOCK_M), B)`` (one launch per 65535 sequences, the grid's y limit); a program whose tile
+  starts past its sequence's length exits at once (jagged batch, no padding work beyond the last partial tile;
+  zero-length sequences launch empty programs);
 * pass 1, LayerNorm statistics: loop over heads loading ``q_h [BLOCK_M, D]``: the mean, then the centred sum of
   squares (two passes over L1/L2-resident q: no ``E[x^2] - mean^2`` cancellation);
 * pass 2, per head (``tl.static_range(H)``: unrolled, so Triton's software pipeliner never sees a loaded tile
@@ -58,6 +59,7 @@ import triton.language as tl
 
 from normfuse.techniques import fna as spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import MAX_GRID_YZ, check_eps, check_forward_only, chunks
 
 FUNCTIONS = ("gdpa",)
 HEAD_LOOPS = ("static", "range")
@@ -248,23 +250,28 @@ def _fna_gdpa_heads_kernel(q_ptr, k_ptr, v_ptr, off_ptr, out_ptr, eps,
                 _head_rms(q_rows, o_rows, h, rmask, rstd_rms, D)
 
 
-def _prepare(q, k, v, q_offsets, max_len, eps, config, launch: bool = True):
+def _prepare(q, k, v, q_offsets, max_len, eps, config):
+    """Validate; return ``(kernel, out, launches, meta)`` with ``launches`` a list of ``(args, grid)``: one per
+    slice of at most ``MAX_GRID_YZ`` = 65535 sequences (grid axis y; the slices share q and out, whose token
+    offsets come from q_offsets, and read their own k, v and offsets)."""
+    check_forward_only("fna.gdpa", q=q, k=k, v=v)
+    eps = check_eps(eps)
     cfg = TilingConfig.from_dict(config)
     total_q, B, H, D, Lkv = spec.check_inputs(q, k, v, q_offsets, max_len, eps)
-    if D & (D - 1) or Lkv & (Lkv - 1):
-        raise ValueError(f"D = {D} and Lkv = {Lkv} must be powers of two (tl.arange)")
     if cfg.BLOCK_M * Lkv > 128 * 128 * (cfg.num_warps // 4) * 2:
         raise ValueError(f"BLOCK_M * Lkv = {cfg.BLOCK_M * Lkv} is too large a score tile for {cfg.num_warps} warps")
     out = torch.empty_like(q)
-    grid = (triton.cdiv(max_len, cfg.BLOCK_M), B)
-    args = (q, k, v, q_offsets, out, float(1e-5 if eps is None else eps))
+    n_m = triton.cdiv(max_len, cfg.BLOCK_M)
+    launches = [((q, k, v, q_offsets, out, eps) if (b0, b1) == (0, B) else
+                 (q, k[b0:b1], v[b0:b1], q_offsets[b0:b1 + 1], out, eps), (n_m, b1 - b0))
+                for b0, b1 in chunks(B, MAX_GRID_YZ)]
     meta = dict(H=H, D=D, LKV=Lkv, BLOCK_M=cfg.BLOCK_M, FP32=q.dtype == torch.float32,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     kernel = _fna_gdpa_kernel  # the original formulation: shipped configs compile exactly as measured
     if cfg.head_loop != "static" or cfg.ln_stats != "twopass":
         kernel = _fna_gdpa_heads_kernel
         meta.update(HEAD_LOOP=cfg.head_loop, LN_STATS=cfg.ln_stats)
-    return kernel, out, args, grid, meta
+    return kernel, out, launches, meta
 
 
 def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, max_len: int, *,
@@ -272,12 +279,16 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Ten
     """FlashNormAttention forward: ``RMSNorm(gdpa(LayerNorm(q)) + LayerNorm(q)) + q`` (norms over H*D, no affine).
 
     ``q [total_q, H, D]`` jagged with ``q_offsets [B+1]`` (int32/int64; lengths in [0, max_len]), ``k, v
-    [B, Lkv, H, D]``; bf16/fp16 (fp32 in the interpreter); D and Lkv powers of two. Returns ``out`` like q.
-    Raises TypeError/ValueError for invalid inputs or a config that cannot serve them (see
+    [B, Lkv, H, D]``; bf16/fp16 (fp32 in the interpreter); D, Lkv as ``normfuse.techniques.fna.check_inputs``
+    (powers of two; D 32..128, Lkv 16..128). Any B (one launch per 65535 sequences), any size (64-bit token
+    offsets), any alignment (pointer loads). Returns ``out`` like q.
+    Raises NotImplementedError when autograd would record through it (forward only), TypeError/ValueError for
+    invalid inputs, ``eps`` (None included) or a config that cannot serve them (see
     ``normfuse.techniques.fna.check_inputs`` and ``TilingConfig``)."""
-    kernel, out, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
-    if out.numel() and grid[0] and grid[1]:
-        kernel[grid](*args, **meta)
+    kernel, out, launches, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    for args, grid in launches:
+        if out.numel() and grid[0] and grid[1]:
+            kernel[grid](*args, **meta)
     return out
 
 
@@ -295,5 +306,6 @@ def compile_sm90_kernel(op, q, k, v, q_offsets, max_len, *, eps: float = 1e-5, c
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(FUNCTIONS)}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_sm90 cannot run under TRITON_INTERPRET=1")
-    kernel, _, args, grid, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    kernel, _, launches, meta = _prepare(q, k, v, q_offsets, max_len, eps, config)
+    args, grid = launches[0]
     return kernel.warmup(*args, grid=grid, **meta)

@@ -22,7 +22,8 @@ Three ways to normalize K (``TilingConfig.K_NORM``), all inside the public ``qkn
 
 ``attention`` (no norms) ignores ``K_NORM``.
 
-Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), B * Hq)``):
+Kernel (one program per (Q tile, batch x query head); grid ``(cdiv(S, BLOCK_M), B * Hq)``, one launch per
+``batch_slices`` slice of at most 65535 (batch, head) pairs, the grid's y limit):
 
 * the Q tile ``[BLOCK_M, D]`` is loaded once, normalized in fp32 (``rsqrt(mean(q²) + eps) * q_weight``, times
   ``k_weight`` for prepass) and rounded to the input dtype: once per Q tile; the scores get ``log2(e) / sqrt(D)``
@@ -78,6 +79,7 @@ import triton.language as tl
 from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import MAX_GRID_YZ, aligned, check_eps, check_forward_only, chunks
 
 LOG2E = 1.4426950408889634
 K_NORM_MODES = ("prepass", "inloop", "materialize")
@@ -283,10 +285,25 @@ def k_prepass(k: torch.Tensor, k_weight, eps: float, k_norm):
     return (_k_norm_kernel, (k, k_weight, k_n, R, float(eps)), grid, kw), None, k_n
 
 
+def batch_slices(B: int, Hq: int) -> list[tuple[int, int]]:
+    """Batch ranges ``[b0, b1)`` of one launch each: at most ``MAX_GRID_YZ`` = 65535 (batch, query head) pairs
+    per launch (grid axis y, the CUDA limit); ``[(0, B)]`` whenever B * Hq fits. ValueError when Hq alone exceeds
+    it. Shared with ``kernels_tlx.fna_llm``."""
+    if Hq > MAX_GRID_YZ:
+        raise ValueError(f"Hq = {Hq} query heads exceed the grid's y limit {MAX_GRID_YZ}")
+    return chunks(B, MAX_GRID_YZ // Hq)
+
+
 def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: bool, launch: bool = True):
-    """Validate and build (o, args, grid, constexpr kwargs, pre-pass) where pre-pass is None or (kernel, args, grid,
-    kwargs): ``_k_rstd_kernel`` (``norms`` and ``K_NORM = "prepass"``) or ``_k_norm_kernel`` (``"materialize"``; the
-    attention args then read its output ``k_n``); ``attention`` ignores K_NORM."""
+    """Validate and build (o, launches, constexpr kwargs, pre-pass): ``launches`` a list of ``(args, grid)``, one
+    per ``batch_slices`` slice (views of q, k, v, o and rstd_k), pre-pass None or (kernel, args, grid, kwargs):
+    ``_k_rstd_kernel`` (``norms`` and ``K_NORM = "prepass"``) or ``_k_norm_kernel`` (``"materialize"``; the
+    attention args then read its output ``k_n``); ``attention`` ignores K_NORM. With ``TMA`` a 16-byte-misaligned
+    q, k or v is copied to aligned memory first (the descriptors need aligned bases)."""
+    check_forward_only("fna_llm.qknorm_attention" if norms else "fna_llm.attention", q=q, k=k, v=v,
+                       q_weight=q_weight, k_weight=k_weight, o_weight=o_weight)
+    if norms:
+        eps = check_eps(eps)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if norms and (q_weight is None or k_weight is None):
@@ -295,22 +312,29 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     cfg = TilingConfig.from_dict(config)
     if launch and q.device.type != "cuda" and not _interpreting():
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); CPU tensors run only under TRITON_INTERPRET=1")
+    if cfg.TMA:
+        q, k, v = aligned(q), aligned(k), aligned(v)
     o = torch.empty_like(q)
     dummy = q  # never read when the matching flag is off
     pre, rstd_k, k_n = k_prepass(k, k_weight, eps, cfg.K_NORM if norms else None)
     prepass, materialize = rstd_k is not None, k_n is not None
-    rstd_k = rstd_k if prepass else dummy
     k = k_n if materialize else k  # materialize: the attention kernel reads k_n instead of K
-    args = (q, k, v, o, q_weight if norms else dummy, k_weight if norms else dummy,
-            o_weight if o_weight is not None else dummy, rstd_k, S, Hq, Hq // Hkv, float(eps), LOG2E / math.sqrt(D))
-    grid = (triton.cdiv(S, cfg.BLOCK_M), B * Hq, 1)
+    launches = []
+    for b0, b1 in batch_slices(B, Hq):
+        whole = (b0, b1) == (0, B)  # the usual single launch gets the tensors themselves, not views
+        qs, ks, vs, os_ = (t if whole else t[b0:b1] for t in (q, k, v, o))
+        rstd = rstd_k if whole or not prepass else rstd_k[b0 * Hkv * S:b1 * Hkv * S]
+        args = (qs, ks, vs, os_, q_weight if norms else dummy, k_weight if norms else dummy,
+                o_weight if o_weight is not None else dummy, rstd if prepass else dummy, S, Hq, Hq // Hkv,
+                float(eps), LOG2E / math.sqrt(D))
+        launches.append((args, (triton.cdiv(S, cfg.BLOCK_M), (b1 - b0) * Hq, 1)))
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal, NORM_QK=norms,
               K_PREPASS=prepass, NORM_O=o_weight is not None,
               PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
               TMA=cfg.TMA, K_NORMED=materialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.TMA and launch:
         triton.set_allocator(_alloc_fn)  # scratch for the device-side descriptors
-    return o, args, grid, kw, pre
+    return o, launches, kw, pre
 
 
 def _alloc_fn(size: int, align: int, stream):
@@ -326,23 +350,28 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv; D in {16..256}, powers of 2), weights
     ``[D]``, all one dtype (bf16 on the GPU; fp16/fp32 under the interpreter), contiguous. Returns o ``[B, Hq,
-    S, D]`` in q's dtype. ``config``: ``TilingConfig`` or mapping. Raises TypeError / ValueError for bad inputs
-    (``normfuse.techniques.fna_llm.check_inputs``) or config (e.g. ``K_NORM`` not in ``K_NORM_MODES``), ValueError
-    for CPU tensors outside the interpreter.
+    S, D]`` in q's dtype. ``config``: ``TilingConfig`` or mapping. Any B·Hq (one launch per slice of at most
+    65535 (batch, head) pairs: ``batch_slices``), any size (64-bit per-head bases), any alignment (``TMA``
+    configs copy a 16-byte-misaligned q, k or v first). Raises NotImplementedError when autograd would record
+    through it (forward only), TypeError / ValueError for bad inputs (``normfuse.techniques.fna_llm.check_inputs``),
+    ``eps`` (None included) or config (e.g. ``K_NORM`` not in ``K_NORM_MODES``), ValueError for CPU tensors
+    outside the interpreter.
     """
-    o, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
+    o, launches, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
     if pre is not None:  # K_NORM = prepass / materialize: first (same stream, so ordered before the attention)
         pre_kernel, pre_args, pre_grid, pre_kw = pre
         pre_kernel[pre_grid](*pre_args, **pre_kw)
-    _fna_llm_fwd[grid](*args, **kw)
+    for args, grid in launches:
+        _fna_llm_fwd[grid](*args, **kw)
     return o
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
     """The same flash attention without any norm: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (shapes, dtypes and
     errors as ``qknorm_attention``; ``K_NORM`` is validated and ignored)."""
-    o, args, grid, kw, _ = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
-    _fna_llm_fwd[grid](*args, **kw)
+    o, launches, kw, _ = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
+    for args, grid in launches:
+        _fna_llm_fwd[grid](*args, **kw)
     return o
 
 
@@ -364,7 +393,8 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
         q_weight = q_weight if q_weight is not None else torch.empty(D, dtype=q.dtype)
         k_weight = k_weight if k_weight is not None else torch.empty(D, dtype=q.dtype)
     ow = torch.empty(D, dtype=q.dtype) if (o_norm and norms) else None
-    _, args, grid, kw, pre = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, launch=False)
+    _, launches, kw, pre = _prepare(q, k, v, q_weight, k_weight, ow, causal, eps, config, norms, launch=False)
+    args, grid = launches[0]
     out = summarize(_fna_llm_fwd.warmup(*args, grid=grid, **kw))
     if pre is not None:  # the pre-pass: "k_rstd" (prepass) or "k_norm" (materialize)
         pre_kernel, pre_args, pre_grid, pre_kw = pre

@@ -53,6 +53,7 @@ from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index, _interpre
 from normfuse.mxfp8 import check_scale_mode
 from normfuse.techniques.mxnorm import BLOCK, check_inputs, mx_constant
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 __all__ = ["OPS", "TilingConfig", "DEFAULT_CONFIG", "PROPOSED_TILINGS", "launch_params", "rmsnorm_mxfp8",
            "mxnorm_mxfp8", "compile_sm90", "compile_sm90_kernel"]
@@ -268,6 +269,8 @@ def launch_params(M: int, D: int, dtype: torch.dtype, config=None, *, num_sms: i
 def _prepare(op, x, p, eps, scale_mode, config, *, launch: bool):
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    check_forward_only(f"mxnorm.{op}", x=x)
+    eps = check_eps(eps)
     if op == "mxnorm_mxfp8" and p is None:
         raise ValueError("mxnorm_mxfp8 needs p (1 or 2)")
     M, D = check_inputs(x, eps, p, scale_mode)
@@ -304,9 +307,12 @@ def rmsnorm_mxfp8(x: torch.Tensor, *, eps: float = 1e-6, scale_mode: str = "floo
     ``TRITON_INTERPRET=1``); any T >= 1, D a multiple of 32 (<= 65536). ``eps`` finite > 0. ``scale_mode``:
     "floor" (OCP, torchao's default) or "rceil". ``config``: dict, ``TilingConfig`` or None.
 
+    Any number of elements (64-bit offsets) and any alignment (pointer loads).
+
     Returns ``(data [T, D] float8_e4m3fn, scales [T, D/32] uint8 E8M0, rstd [T] fp32)``.
-    Raises TypeError (dtype, non-tensor, config type) and ValueError (rank, contiguity, D % 32, eps, scale_mode,
-    config values, CPU tensors outside the interpreter). Source: module docstring.
+    Raises NotImplementedError when autograd would record through it (forward only), TypeError (dtype,
+    non-tensor, config type) and ValueError (rank, contiguity, D % 32, D > 65536, eps (None included),
+    scale_mode, config values, CPU tensors outside the interpreter). Source: module docstring.
     """
     return _launch("rmsnorm_mxfp8", x, None, eps, scale_mode, config)
 

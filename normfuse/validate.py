@@ -49,3 +49,27 @@ def check_forward_only(op: str, **tensors) -> None:
         raise NotImplementedError(
             f"{op} is forward-only (no backward), but {', '.join(needing)} require(s) grad: use the autograd "
             f"drop-in in normfuse.nn, or call it under torch.no_grad() / with detached inputs")
+
+
+def is_aligned(t: torch.Tensor, nbytes: int = 16) -> bool:
+    """True when ``t``'s data pointer is a multiple of ``nbytes`` (or ``t`` is empty): ``check_aligned`` without
+    the error."""
+    return not t.numel() or t.data_ptr() % nbytes == 0
+
+
+def aligned(t: torch.Tensor, nbytes: int = 16) -> torch.Tensor:
+    """``t`` itself when its data pointer is a multiple of ``nbytes``, else a fresh contiguous copy (PyTorch's
+    allocators return blocks aligned to at least 64 bytes). For kernels that hand a tensor to TMA or bulk copies
+    (``cp.async.bulk``), which need 16-byte aligned global addresses: a view with a storage offset (e.g. ``x[1:]``
+    of a bf16 buffer) would otherwise fault the CUDA context ("misaligned address"). The copy costs one extra
+    read and write of ``t``; aligned inputs pass through untouched."""
+    return t if is_aligned(t, nbytes) else t.clone(memory_format=torch.contiguous_format)
+
+
+def chunks(n: int, limit: int = MAX_GRID_YZ) -> list[tuple[int, int]]:
+    """Half-open ranges ``[(0, limit), (limit, 2 limit), ..., (.., n)]`` covering ``range(n)`` with at most
+    ``limit`` items each (``[(0, n)]`` when ``n <= limit``; ``[]`` for ``n == 0``). For launching a kernel whose
+    grid axis y or z would exceed ``MAX_GRID_YZ`` once per slice of that axis (e.g. per slice of the batch)."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    return [(i, min(i + limit, n)) for i in range(0, n, limit)]

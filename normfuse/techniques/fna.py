@@ -18,6 +18,16 @@ exchanging per-token partial sums through DSMEM; see ``kernels_<dsl>/fna.py`` fo
 Layout: ``q [total_q, H, D]`` jagged (packed), ``q_offsets [B+1]`` int32/int64 (non-decreasing, q_offsets[0] = 0,
 q_offsets[B] = total_q; zero-length sequences allowed), ``k, v [B, Lkv, H, D]`` dense with Lkv = 128.
 
+Input contract (``check_inputs``; every DSL's ``gdpa`` validates it before compiling and serves all of it with its
+default config, so a call is accepted or rejected the same way in Triton, Helion and TLX): H in [2, 8]; D a power
+of two in ``HEAD_DIMS`` = 32..128 (the TLX kernel's P @ V wgmma needs N = D >= 32); Lkv a power of two in
+``KV_LENS`` = 16..128 (the short-KV kernels keep all of K_h/V_h resident; TLX pads Lkv = 16 to its smallest wgmma
+tile with zero rows, which changes no bit of the result); bf16/fp16 on CUDA. CPU tensors (the Triton interpreter
+and Helion ref mode, the CPU test vehicles) also take fp32 and D = 16. Any number of sequences (the Triton and TLX
+wrappers launch once per 65535 sequences: the grid's y limit) and of elements (64-bit token offsets), any
+16-byte-misaligned view (TLX copies K/V, which it loads by TMA, to aligned memory; the other loads are pointer
+loads), and a batch of one token (Helion pads q to two rows: its code generation breaks on a size-1 dimension).
+
 Sweep point mapping (the runner's points are (M, N, K) ints): ``M = max_len`` (the exclusive bound of the Q
 lengths, which are uniform in [1, max_len) as in the blog's tutorial generator), ``N = H`` (heads), ``K = D``
 (head dim). The batch B is the technique option ``batch`` (default 768, the blog's) and Lkv the option ``kv_len``
@@ -52,6 +62,7 @@ import math
 import torch
 
 from normfuse.techniques.lazy_prenorm import DTYPES, compare, tolerance, torch_dtype  # noqa: F401
+from normfuse.validate import check_eps
 
 NAME = "fna"
 VARIANTS = ("gdpa",)  # extension point: other variants get their own spec module (fna_llm: qknorm_softmax)
@@ -66,6 +77,9 @@ SAVING_BASELINE = "torch_compile_gdpa"  # normfuse.metrics.add_saving: saving re
 BATCH = 768   # the blog's batch (default of the `batch` option)
 KV_LEN = 128  # the blog's K/V length (default of the `kv_len` option)
 MAX_HEADS = 8
+HEAD_DIMS = (32, 64, 128)        # D on CUDA (all three DSLs)
+CPU_HEAD_DIMS = (16,) + HEAD_DIMS  # D on CPU (interpreter / ref mode tests)
+KV_LENS = (16, 32, 64, 128)      # Lkv
 REF_CHUNK = 64  # sequences per padded chunk in the reference / same-dtype module (bounded memory at B = 768)
 
 # The blog's B200 forward latency savings (%) vs the Inductor-compiled baseline, chart 13: (max_len, H) -> %
@@ -89,33 +103,37 @@ def _check_variant(variant) -> str:
 
 def check_shape(M: int, N: int, K: int) -> None:
     """Sweep point (M = max_len, N = H, K = D): ValueError unless max_len >= 1, 2 <= H <= MAX_HEADS (the norms span
-    heads; the blog's kernel requires H > 1) and D a multiple of 16 in [16, 256]."""
+    heads; the blog's kernel requires H > 1) and D in ``CPU_HEAD_DIMS`` (16..128, powers of two; CUDA inputs need
+    D >= 32, see ``check_inputs``)."""
     for name, v in (("M (max_len)", M), ("N (H)", N), ("K (D)", K)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if not 2 <= N <= MAX_HEADS:
         raise ValueError(f"H = N = {N} must be in [2, {MAX_HEADS}] (norms over H*D need several heads)")
-    if K % 16 or not 16 <= K <= 256:
-        raise ValueError(f"D = K = {K} must be a multiple of 16 in [16, 256] (tensor-core tiles)")
+    if K not in CPU_HEAD_DIMS:
+        raise ValueError(f"D = K = {K} must be a power of two in [16, 128] (tensor-core tiles; >= 32 on CUDA)")
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, max_len: int,
                  eps: float | None = None) -> tuple[int, int, int, int, int]:
-    """Validate the module's inputs; return (total_q, B, H, D, Lkv).
+    """Validate the module's inputs (the contract in the module docstring); return (total_q, B, H, D, Lkv).
 
-    ``q [total_q, H, D]``, ``k, v [B, Lkv, H, D]`` (one dtype of bf16/fp16/fp32, contiguous, one device),
-    ``q_offsets [B+1]`` int32/int64 on q's device, ``max_len`` an int >= 1 (every length must be <= max_len: a
-    kernel grids over it). Raises TypeError for non-tensors and wrong dtypes, ValueError for wrong ranks or
-    shapes, H outside [2, 8], D not a multiple of 16 in [16, 256], Lkv not a multiple of 16 in [16, 256],
-    non-contiguous tensors, mixed devices or ``eps`` not a finite number > 0. The offsets' values (monotone,
-    q_offsets[-1] == total_q, lengths <= max_len) are checked only on the CPU (a GPU check would synchronize);
-    ``check_offsets`` checks them anywhere.
+    ``q [total_q, H, D]``, ``k, v [B, Lkv, H, D]`` (one dtype, contiguous, one device), ``q_offsets [B+1]``
+    int32/int64 on q's device, ``max_len`` an int >= 1 (every length must be <= max_len: a kernel grids over it).
+    Raises TypeError for non-tensors and wrong dtypes (bf16/fp16; fp32 only on the CPU), ValueError for wrong
+    ranks or shapes, H outside [2, 8], D not in ``HEAD_DIMS`` (CPU: ``CPU_HEAD_DIMS``), Lkv not in ``KV_LENS``,
+    non-contiguous tensors, mixed devices or ``eps`` (when given) not a finite number > 0. The offsets' values
+    (monotone, q_offsets[-1] == total_q, lengths <= max_len) are checked only on the CPU (a GPU check would
+    synchronize); ``check_offsets`` checks them anywhere.
     """
     for name, t in (("q", q), ("k", k), ("v", v), ("q_offsets", q_offsets)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor")
-    if q.dtype not in DTYPES.values() or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k, v must share one dtype of bf16/fp16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    on_cpu = q.device.type == "cpu"
+    dtypes = tuple(DTYPES.values()) if on_cpu else (torch.bfloat16, torch.float16)
+    if q.dtype not in dtypes or k.dtype != q.dtype or v.dtype != q.dtype:
+        allowed = "bf16/fp16/fp32" if on_cpu else "bf16/fp16 (fp32: CPU only)"
+        raise TypeError(f"q, k, v must share one dtype of {allowed}, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q_offsets.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"q_offsets must be int32 or int64, got {q_offsets.dtype}")
     if q.dim() != 3 or k.dim() != 4 or v.dim() != 4 or q_offsets.dim() != 1:
@@ -131,20 +149,22 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: t
         raise ValueError(f"q_offsets must have B+1 = {B + 1} entries, got {q_offsets.shape[0]}")
     if not 2 <= H <= MAX_HEADS:
         raise ValueError(f"H = {H} must be in [2, {MAX_HEADS}] (norms over H*D need several heads)")
-    if D % 16 or not 16 <= D <= 256:
-        raise ValueError(f"D = {D} must be a multiple of 16 in [16, 256]")
-    if Lkv % 16 or not 16 <= Lkv <= 256:
-        raise ValueError(f"Lkv = {Lkv} must be a multiple of 16 in [16, 256] (K/V stay resident: short-KV kernel)")
+    head_dims = CPU_HEAD_DIMS if on_cpu else HEAD_DIMS
+    if D not in head_dims:
+        raise ValueError(f"D = {D} must be a power of two in [{head_dims[0]}, {head_dims[-1]}]"
+                         + ("" if on_cpu else " on CUDA (the TLX P @ V wgmma needs N = D >= 32)"))
+    if Lkv not in KV_LENS:
+        raise ValueError(f"Lkv = {Lkv} must be a power of two in [{KV_LENS[0]}, {KV_LENS[-1]}] (short-KV kernels: "
+                         "K_h and V_h stay resident)")
     if len({t.device for t in (q, k, v, q_offsets)}) != 1:
         raise ValueError("q, k, v, q_offsets must be on one device")
     if not all(t.is_contiguous() for t in (q, k, v, q_offsets)):
         raise ValueError("q, k, v, q_offsets must be contiguous")
     if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
         raise ValueError(f"max_len must be an int >= 1, got {max_len!r}")
-    if eps is not None and not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0
-                                and math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    if q.device.type == "cpu":
+    if eps is not None:
+        check_eps(eps)
+    if on_cpu:
         check_offsets(q_offsets, total_q, max_len)
     return total_q, B, H, D, Lkv
 

@@ -59,6 +59,7 @@ import math
 import torch
 
 from normfuse.techniques.lazy_prenorm import DTYPES, compare, tolerance, torch_dtype  # noqa: F401
+from normfuse.validate import INT32_MAX, check_eps
 
 NAME = "fna_llm"
 VARIANTS = ("causal", "noncausal")
@@ -68,7 +69,8 @@ SDPA_BASELINES = ("sdpa", "sdpa_flash", "sdpa_cudnn")  # plain attention; sdpa_f
 KERNEL_FUNCTIONS = {"fused": "qknorm_attention", "attention": "attention"}
 HEAD_DIM = 128       # the sweep's head dim (cost model)
 KV_HEADS = 8         # default number of KV heads
-HEAD_DIMS = (16, 32, 64, 128, 256)
+HEAD_DIMS = (16, 32, 64, 128, 256)  # D on the CPU (Triton interpreter, Helion ref mode: the CPU test vehicles)
+CUDA_HEAD_DIMS = (64, 128)         # D on CUDA: what all three DSLs serve (TLX: one warpgroup's registers)
 PRIMARY_METRIC = "sdpa_fraction"
 DIM_LABELS = {"M": "S", "N": "B", "K": "Hq"}  # what the runner's M, N, K mean here (report labels)
 REPORT = "throughput"  # normfuse.report: a TFLOP/s table and bar chart instead of the "% hidden" grids
@@ -90,17 +92,25 @@ def check_shape(M: int, N: int, K) -> None:
 
 def check_inputs(q, k, v, q_weight=None, k_weight=None, o_weight=None, eps=None) -> tuple[int, int, int, int, int]:
     """Validate ``q [B, Hq, S, D]``, ``k, v [B, Hkv, S, D]`` (Hq a multiple of Hkv), the norm weights ``[D]`` (or
-    None) and ``eps``; return (B, Hq, Hkv, S, D).
+    None) and ``eps``; return (B, Hq, Hkv, S, D). Every DSL's ``qknorm_attention`` / ``attention`` validates this
+    contract before compiling and serves all of it with its default config, so a call is accepted or rejected the
+    same way in Triton, Helion and TLX: on CUDA bf16/fp16 and D in ``CUDA_HEAD_DIMS``; on the CPU (interpreter /
+    ref mode) also fp32 and D in ``HEAD_DIMS``; any B·Hq (the Triton / TLX wrappers launch once per slice of at
+    most 65535 (batch, head) pairs), any 16-byte misalignment (kernels that load by TMA copy such views first),
+    S·D < 2^31 per head (the kernels' within-head offsets are 32-bit; the per-head bases are 64-bit).
 
     Raises TypeError for non-tensors or mixed / unsupported dtypes (weights must have q's dtype), ValueError for
-    wrong ranks, mismatched shapes, Hq not a multiple of Hkv, D not in {16, 32, 64, 128, 256}, non-contiguous
-    tensors, tensors on different devices, or ``eps`` not a finite number > 0.
+    wrong ranks, mismatched shapes, Hq not a multiple of Hkv, D outside the list above, S·D >= 2^31,
+    non-contiguous tensors, tensors on different devices, or ``eps`` (when given) not a finite number > 0.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dtype not in DTYPES.values() or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k, v must share one dtype of bf16/fp16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    on_cpu = q.device.type == "cpu"
+    dtypes = tuple(DTYPES.values()) if on_cpu else (torch.bfloat16, torch.float16)
+    if q.dtype not in dtypes or k.dtype != q.dtype or v.dtype != q.dtype:
+        allowed = "bf16/fp16/fp32" if on_cpu else "bf16/fp16 (fp32: CPU only)"
+        raise TypeError(f"q, k, v must share one dtype of {allowed}, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be 4-D [B, H, S, D], got dims {q.dim()}, {k.dim()}, {v.dim()}")
     if k.shape != v.shape:
@@ -111,10 +121,14 @@ def check_inputs(q, k, v, q_weight=None, k_weight=None, o_weight=None, eps=None)
     Hkv = k.shape[1]
     if Hkv < 1 or Hq % Hkv:
         raise ValueError(f"query heads Hq={Hq} must be a multiple of KV heads Hkv={Hkv} (GQA)")
-    if D not in HEAD_DIMS:
-        raise ValueError(f"head dim D={D} must be one of {HEAD_DIMS}")
+    head_dims = HEAD_DIMS if on_cpu else CUDA_HEAD_DIMS
+    if D not in head_dims:
+        raise ValueError(f"head dim D={D} must be one of {head_dims}"
+                         + ("" if on_cpu else " on CUDA (the TLX kernel's register budget; 16..256 on the CPU)"))
     if S < 1 or B < 1:
         raise ValueError(f"B and S must be >= 1, got B={B}, S={S}")
+    if S * D > INT32_MAX:
+        raise ValueError(f"S * D = {S * D} elements per head must be < 2^31 (32-bit offsets within a head)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
@@ -131,9 +145,8 @@ def check_inputs(q, k, v, q_weight=None, k_weight=None, o_weight=None, eps=None)
             raise ValueError(f"{name} must have shape [D] = [{D}], got {tuple(w.shape)}")
         if w.device != q.device or not w.is_contiguous():
             raise ValueError(f"{name} must be a contiguous tensor on {q.device}")
-    if eps is not None and not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0
-                                and math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    if eps is not None:
+        check_eps(eps)
     return B, Hq, Hkv, S, D
 
 

@@ -45,6 +45,7 @@ import torch
 
 from normfuse import mxfp8
 from normfuse.techniques.lazy_prenorm import DTYPES, torch_dtype  # noqa: F401  (shared helpers)
+from normfuse.validate import check_eps
 
 NAME = "mxnorm"
 VARIANTS = ("rmsnorm_cast", "mxnorm_p1", "mxnorm_p2")
@@ -54,6 +55,7 @@ P_OF = {"mxnorm_p1": 1, "mxnorm_p2": 2}
 KERNEL_FUNCTIONS = {"rmsnorm_cast": "rmsnorm_mxfp8", "mxnorm_p1": "mxnorm_mxfp8", "mxnorm_p2": "mxnorm_mxfp8"}
 DISTRIBUTIONS = ("gaussian", "student_t", "outlier_channels")
 RSTD_RTOL = 1e-5
+MAX_D = 65536  # the whole row stays in registers in every DSL (no looped variant)
 
 
 def check_variant(variant: str) -> str:
@@ -74,8 +76,13 @@ def check_shape(M: int, N: int, K=None) -> None:
 def check_inputs(x: torch.Tensor, eps=None, p=None, scale_mode=None) -> tuple[int, int]:
     """Validate a kernel's ``x [T, D]`` (and ``eps``, ``p``, ``scale_mode`` when given); return (T, D).
 
+    The contract every DSL's ``rmsnorm_mxfp8`` / ``mxnorm_mxfp8`` validates before compiling and serves with its
+    default config (a call is accepted or rejected the same way in Triton, Helion and TLX): bf16/fp16/fp32, T >= 1,
+    D a multiple of 32 up to ``MAX_D`` = 65536, row-major contiguous, any number of elements (64-bit offsets),
+    any 16-byte misalignment (the TLX bulk-copy kernel copies such a view first).
+
     TypeError: not a tensor, dtype not bf16/fp16/fp32. ValueError: not 2-D, not contiguous, D not a multiple of
-    32, T or D zero, eps not a finite number > 0, p not 1 or 2, unknown scale mode."""
+    32 or above 65536, T or D zero, eps not a finite number > 0, p not 1 or 2, unknown scale mode."""
     if not isinstance(x, torch.Tensor):
         raise TypeError("x must be a torch.Tensor")
     if x.dtype not in DTYPES.values():
@@ -86,9 +93,10 @@ def check_inputs(x: torch.Tensor, eps=None, p=None, scale_mode=None) -> tuple[in
         raise ValueError("x must be row-major contiguous (call .contiguous())")
     T, D = x.shape
     check_shape(T, D)
-    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0)
-                            or not math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    if D > MAX_D:
+        raise ValueError(f"D = {D} > {MAX_D}: the whole row must fit in registers (no looped variant)")
+    if eps is not None:
+        check_eps(eps)
     if p is not None and (isinstance(p, bool) or p not in (1, 2)):
         raise ValueError(f"p must be 1 or 2 (mean or RMS of the block absmaxes), got {p!r}")
     if scale_mode is not None:

@@ -77,8 +77,9 @@ def test_registers_and_spills():
     ld_shared, ld_global = {}, {}
     for norms, k_norm in ((True, "prepass"), (True, "inloop"), (True, "materialize"), (False, "prepass")):
         q, k, v, qw, kw = T.compile_inputs(1000, 2, 32, "bf16")
-        _, args, grid, kwd, _ = K._prepare(q, k, v, qw if norms else None, kw if norms else None, None, True, 1e-6,
-                                           {"K_NORM": k_norm}, norms, need_cuda=False)
+        _, launches, kwd, _ = K._prepare(q, k, v, qw if norms else None, kw if norms else None, None, True, 1e-6,
+                                         {"K_NORM": k_norm}, norms, need_cuda=False)
+        (args, grid), = launches
         ptx = K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd).asm["ptx"]
         ld_shared[(norms, k_norm)] = len(re.findall(r"\bld\.shared", ptx))
         ld_global[(norms, k_norm)] = len(re.findall(r"\bld\.global", ptx))
@@ -101,8 +102,9 @@ def test_materialize_prepass_writes_normalized_k():
     (st.global of 16-bit values, an rsqrt-style reduction); the attention kernel gets k_n, not k, as its K operand,
     and the same (shape, dtype) scratch as k."""
     q, k, v, qw, kw = T.compile_inputs(1000, 2, 32, "bf16")
-    _, args, grid, kwd, pre = K._prepare(q, k, v, qw, kw, None, True, 1e-6, {"K_NORM": "materialize"}, True,
-                                         need_cuda=False)
+    _, launches, kwd, pre = K._prepare(q, k, v, qw, kw, None, True, 1e-6, {"K_NORM": "materialize"}, True,
+                                       need_cuda=False)
+    (args, grid), = launches
     kernel, pre_args, pre_grid, pre_kw = pre
     assert kernel is K._k_norm_kernel and pre_args[0] is k and pre_args[1] is kw
     k_n = pre_args[2]
