@@ -588,7 +588,8 @@ def _paired_window(pool: Pool, gkey: tuple, gpoints: list[dict], store: ResultsS
         if row.get("status") == "ok":
             ready.append((handle, p))
     samples: dict[str, list] = {h: [] for h, _ in ready}
-    window = {"key": list(gkey), "technique": gkey[0], "variant": gkey[1], "M": gkey[2], "N": gkey[3], "K": gkey[4],
+    window_id = len(_windows_done(run_dir))  # windows are numbered in the order they were measured
+    window = {"key": list(gkey), "window": window_id, "technique": gkey[0], "variant": gkey[1], "M": gkey[2], "N": gkey[3], "K": gkey[4],
               "dtype": gkey[5], "replicate": common["replicate"],
               "participants": [f"{p['dsl']}/{p['impl']}/{p['config_name']}" for _, p in ready]}
     error = None
@@ -604,7 +605,7 @@ def _paired_window(pool: Pool, gkey: tuple, gpoints: list[dict], store: ResultsS
                     ms = pool.request(p["env"], p["mode"], {"op": "replay", "handles": [handle]}, timeout)["ms"][0]
                     samples[handle].append(ms)
                     round_rows.append({"technique": gkey[0], "variant": gkey[1], "M": gkey[2], "N": gkey[3],
-                                       "K": gkey[4], "dtype": gkey[5], "replicate": common["replicate"], "round": r,
+                                       "K": gkey[4], "dtype": gkey[5], "replicate": common["replicate"], "window": window_id, "round": r,
                                        "dsl": p["dsl"], "impl": p["impl"], "config_name": p["config_name"], "ms": ms})
                 r += 1
                 spent = time.monotonic() - t0
