@@ -267,7 +267,7 @@ def test_merge_replicates_agree_and_criteria_hold(tmp_path):
     assert bool(r.agree) and bool(r.overlap) and r.spread < 1e-9 and r.configs == ["tlx-f"] * 3
     crit = paired.check_criteria(m)
     assert len(crit) == len(GEMM_CELLS) and (crit.best_dsl == "tlx").all()
-    assert crit.holds.all() and crit.half_width_ok.all() and crit.agree_ok.all() and crit.spread_ok.isna().all()
+    assert crit.holds.all() and crit.half_width_ok.all() and crit.agree_ok.isna().all() and crit.spread_ok.all()
     assert set(crit.half_width_limit) == {0.05, 0.10}  # K <= 1024: 5 points; K = 2048: 10
 
 
@@ -293,7 +293,7 @@ def test_merge_flags_disagreeing_replicates(tmp_path):
     assert not bool(r.agree) and r.spread == pytest.approx(0.20, abs=0.02)
     assert bool(_cell(m, "triton", "hidden_dsl").agree)  # the other DSLs are unchanged
     crit = paired.check_criteria(m)
-    assert not crit.holds.any() and not crit.agree_ok.any()
+    assert not crit.holds.any() and not crit.spread_ok.any()
 
 
 def test_noisy_replicates_miss_the_half_width_criterion(tmp_path):
