@@ -300,3 +300,136 @@ def check_multi_cta_determinism(dsl: str, shapes=((4096, 1000, 520), (300, 2000,
                 except Exception as e:  # noqa: BLE001
                     failures.append(f"{dsl}/multi_cta/{variant}/{name} at M={M} N={N} K={K}: {type(e).__name__}: {e}")
     return failures + _uncovered(f"{dsl}/multi_cta determinism", checked)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Bad input and edge shapes (issue 15), shared by tests/test_bad_inputs_gemm.py and tests/tlx/.
+# ------------------------------------------------------------------------------------------------------------
+# technique -> (M, N, K) shapes whose output (norms: x and y) has more than 2^31 elements, in the order tried: the
+# first one the DSL's default config serves is checked. 262144 x 8200 is the shape of issue 15 (Helion's
+# multi-CTA kernel raised IndexOffsetOutOfRangeForInt32); N = 1024 is what TLX's default 4-CTA cluster covers.
+LARGE_SHAPES = {
+    "norms": [(131073, 16384, None)],
+    "naive_fusion": [(2**23 + 64, 256, 64)],
+    "multi_cta": [(262144, 8200, 64), (2**21 + 64, 1024, 64)],
+    "lazy_prenorm": [(2**21 + 64, 1024, 64)],
+}
+LARGE_IMPL = {"norms": "norm", "naive_fusion": "fused", "multi_cta": "fused", "lazy_prenorm": "fused"}
+
+
+def _rows_of(technique: str, inputs: dict, sl: slice) -> dict:
+    """The inputs of rows ``sl`` only (rows are independent in every technique here): x or a sliced, the rest
+    shared (a cached GEMM output ``c`` is dropped, it is recomputed for the rows)."""
+    key = "x" if technique == "norms" else "a"
+    part = {k: v for k, v in inputs.items() if k != "c"}
+    part[key] = inputs[key][sl]
+    return part
+
+
+def check_large_output(dsl: str, technique: str, variant: str, rows: int = 256, eps: float = 1e-5) -> list[str]:
+    """``technique``'s fused kernel (norms: the norm) of ``dsl`` with its default config on an output past 2^31
+    elements (``LARGE_SHAPES``; element offsets overflow int32 there): no error, and its first 64 and last ``rows``
+    rows (whose offsets lie beyond 2^31) pass the technique's check against the fp32 reference. Returns failure
+    descriptions; a DSL whose default config serves none of the shapes is one."""
+    import torch
+
+    from normfuse import registry
+    from normfuse.techniques import get_technique
+
+    spec = get_technique(technique)
+    impl = LARGE_IMPL[technique]
+    fn = registry.kernel_function(dsl, technique, impl, variant)
+    for M, N, K in LARGE_SHAPES[technique]:
+        where = f"{dsl}/{technique}/{variant} at M={M} N={N} K={K}"
+        opts = {"variant": variant} if technique == "lazy_prenorm" else {}
+        inputs = out = None
+        try:
+            inputs = spec.make_inputs(M, N, K, dtype="bf16", device="cuda", seed=5, **opts)
+            out = spec.kernel_call(fn, impl, inputs, eps, {}, variant)()
+            torch.cuda.synchronize()
+        except ConfigError as e:
+            return [f"{where}: ConfigError: {e}"]
+        except ValueError:  # the default config does not serve this shape: try the next one
+            del inputs, out
+            torch.cuda.empty_cache()
+            continue
+        except Exception as e:  # noqa: BLE001
+            return [f"{where}: {type(e).__name__}: {e}"]
+        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        failures = []
+        if outs[0].numel() <= 2**31:
+            failures.append(f"{where}: the output has only {outs[0].numel()} elements (not past 2^31)")
+        for sl in (slice(0, 64), slice(M - rows, M)):
+            part_out = outs[0][sl] if len(outs) == 1 else tuple(t[sl] for t in outs)
+            res = spec.check(impl, part_out, _rows_of(technique, inputs, sl), eps, variant)
+            if not res["ok"]:
+                failures.append(f"{where}, rows {sl.start}..{sl.stop}: {res}")
+        del inputs, out, outs
+        torch.cuda.empty_cache()
+        return failures
+    return [f"{dsl}/{technique}/{variant}: the default config served none of {LARGE_SHAPES[technique]}: nothing "
+            "was checked"]
+
+
+# check -> (shapes tried in order until the config serves one, make_inputs options besides mean_shift, shifts).
+# Every LayerNorm path: standalone (whole-row and looped), naive-fusion epilogue, Multi-CTA (full row and the
+# cross-tile merges), and Lazy LayerNorm within its documented limit (|mean| <= 100 std, lazy_prenorm docstring).
+MEAN_SHIFT_CHECKS = {
+    "norms": ([(64, 16392, None), (300, 4095, None)], {"affine": True}, (10.0, 1000.0)),
+    "naive_fusion": ([(1000, 256, 128), (257, 72, 64)], {"affine": True}, (10.0, 1000.0)),
+    "multi_cta": ([(300, 1000, 264), (257, 512, 72), (129, 200, 64)], {"affine": True}, (10.0, 1000.0)),
+    "lazy_prenorm_ln": ([(1000, 264, 520), (4096, 1024, 512)], {"variant": "layernorm"}, (10.0, 100.0)),
+}
+_LN_IMPL = {"norms": "norm", "naive_fusion": "fused", "multi_cta": "fused", "lazy_prenorm": "fused"}
+
+
+def check_mean_shifted(dsl: str, check: str, name: str, eps: float = 1e-5) -> list[str]:
+    """The LayerNorm variant of the shipped config ``name`` (tiling file of ``check``, a ``MEAN_SHIFT_CHECKS``
+    key) on rows whose mean is many standard deviations (``mean_shift`` of the technique's ``make_inputs``: up to
+    1000 for the post-norm paths, 100 for Lazy LayerNorm), bf16, checked by the technique's spec against the fp32
+    reference with the flash-attention (3-way) tolerance, statistics included. The first of the check's shapes
+    that the config serves is used. Returns failure descriptions; a config that serves none is one."""
+    import torch
+
+    from normfuse import registry
+    from normfuse.techniques import get_technique
+
+    technique = CHECK_TECHNIQUE.get(check, check)
+    spec = get_technique(technique)
+    impl = _LN_IMPL[technique]
+    shapes, options, shifts = MEAN_SHIFT_CHECKS[check]
+    cfg = {n: c for n, c, _ in checkable_configs(dsl, check)}.get(name)
+    if cfg is None:
+        return [f"{dsl}/{check}: no shipped config named {name!r}"]
+    fn = registry.kernel_function(dsl, technique, impl, "layernorm")
+    for M, N, K in shapes:
+        failures = []
+        try:
+            for shift in shifts:
+                inputs = spec.make_inputs(M, N, K, dtype="bf16", device="cuda", seed=int(shift) + 17,
+                                          mean_shift=shift, **options)
+                out = spec.kernel_call(fn, impl, inputs, eps, cfg, "layernorm")()
+                res = spec.check(impl, out, inputs, eps, "layernorm")
+                if not res["ok"]:
+                    failures.append(f"{dsl}/{check}/{name} at M={M} N={N} K={K}, mean_shift={shift}: {res}")
+            torch.cuda.synchronize()
+        except ConfigError as e:
+            return [f"{dsl}/{check}/{name}: ConfigError: {e}"]
+        except ValueError:  # the config does not serve this shape by design: try the next one
+            continue
+        except Exception as e:  # noqa: BLE001
+            return [f"{dsl}/{check}/{name} at M={M} N={N} K={K}: {type(e).__name__}: {e}"]
+        return failures
+    return [f"{dsl}/{check}/{name}: served none of {shapes}: nothing was checked"]
+
+
+def mean_shift_params(dsls=("triton", "helion")) -> list[tuple[str, str, str]]:
+    """``(dsl, check, config name)`` of every shipped LayerNorm-capable config of ``MEAN_SHIFT_CHECKS`` (reads the
+    tiling files only: usable at test collection)."""
+    out = []
+    for dsl in dsls:
+        for check in MEAN_SHIFT_CHECKS:
+            for name, _, impls in checkable_configs(dsl, check):
+                if "gemm" not in (impls or []) or "fused" in (impls or []):
+                    out.append((dsl, check, name))
+    return out
