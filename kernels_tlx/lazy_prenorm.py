@@ -760,6 +760,10 @@ def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch
     shared buffers (as the RMSNorm kernel does with rstd) and applies the rank-1 correction with the ``colsum`` /
     ``beta_b`` tiles. REUSE_RSTD configs compute the statistics once per M-tile run, as for RMSNorm.
 
+    Numerics: within the flash-attention tolerance for rows whose |mean| is at most 100 standard deviations, the
+    documented limit of the rank-1 form (``normfuse.techniques.lazy_prenorm``; at ~1000 std the epilogue's
+    cancellation exceeds it in bf16).
+
     Args:
         a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA (K multiple of 8).
         b_folded: ``[K, N]`` same dtype and device, row-major contiguous (N multiple of 8).

@@ -397,7 +397,7 @@ def compile_sm90(op: str, x: torch.Tensor, *, eps: float = 1e-6, config=None, af
     """Compile ``op`` (``"rms_norm"`` or ``"layer_norm"``) for sm_90 without a GPU; never launches.
 
     The caller must already have run ``normfuse.compile_only.install(90)`` in this process. ``x [M, N]`` is a
-    CPU (or CUDA) bf16/fp16 tensor (never read). ``affine``: also pass a weight (and, for LayerNorm, a bias).
+    CPU (or CUDA) bf16/fp16/fp32 tensor (never read). ``affine``: also pass a weight (and, for LayerNorm, a bias).
 
     Returns ``normfuse.compile_only.summarize(compiled)`` (ptx_markers incl. ``mapa``, shared_bytes, num_warps,
     smem_ok, cluster_dims) plus ``ptx_extra`` (st.async / cluster-barrier / mbarrier counts), ``grid``,

@@ -42,7 +42,9 @@ Source: "Towards Free Normalization: Fusing Normalization into GEMM and Attentio
 Shapes and dtypes: ``a [M, K]``, ``gamma [K]`` (and ``beta [K]`` for LayerNorm), ``b [K, N]``, all bf16
 (fp16/fp32 accepted: the CPU interpreter runs fp16/fp32 because its bf16 dot is wrong); ``colsum``/``beta_b``
 fp32 ``[N]``. Output ``c [M, N]`` in the input dtype.
-Constraints: 2-D, row-major contiguous, one dtype, K and N multiples of 8 (16-byte rows for TMA), M >= 1.
+Constraints: 2-D, row-major contiguous, one dtype, K and N multiples of 8 (16-byte rows for TMA), 16-byte aligned
+data pointers (TMA bases: a view with a storage offset is rejected), M >= 1 (``check_inputs``, shared by the
+naive-fusion and Multi-CTA specs).
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ Sources: "Towards Free Normalization: Fusing Normalization into GEMM and Attenti
 (Meta's code: https://github.com/facebookresearch/ads_model_kernel_library/tree/main/multi_cta_norm_fusion);
 QuACK's cluster reductions, https://github.com/Dao-AILab/quack/blob/main/media/2025-07-10-membound-sol.md .
 
-Shapes and dtypes: ``a [M, K]``, ``b [K, N]``, ``weight``/``bias`` ``[N]`` or None; bf16 on the GPU (fp16/fp32
-accepted: the CPU interpreter runs fp16/fp32). Constraints: 2-D, row-major contiguous, one dtype, K and N multiples
-of 8 (16-byte rows for TMA), M >= 1.
+Shapes and dtypes: ``a [M, K]``, ``b [K, N]``, ``weight``/``bias`` ``[N]`` in a's dtype or None; bf16 on the GPU
+(fp16/fp32 accepted: the CPU interpreter runs fp16/fp32). Constraints: 2-D, row-major contiguous, one dtype, K and N
+multiples of 8 (16-byte rows for TMA), 16-byte aligned data pointers, M >= 1 (``check_inputs``: every DSL's contract).
 """
 
 from __future__ import annotations

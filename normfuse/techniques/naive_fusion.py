@@ -22,7 +22,8 @@ Source: "Towards Free Normalization: Fusing Normalization into GEMM and Attentio
 2026-07-10, https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
 (section "Naive fusion"; chart 3: LayerNorm without affine, bf16, Helion, B200 @ 750 W, M = 262144); Helion's
 ``examples/matmul_layernorm.py``. Shapes and dtypes: ``a [M, K]``, ``b [K, N]`` row-major contiguous, one dtype
-(bf16 on the GPU; fp16/fp32 for the CPU interpreter), K and N multiples of 8 (16-byte TMA rows), M >= 1.
+(bf16 on the GPU; fp16/fp32 for the CPU interpreter), K and N multiples of 8 (16-byte TMA rows), 16-byte aligned
+data pointers, M >= 1; ``weight``/``bias`` ``[N]`` contiguous in a's dtype, or None (``check_inputs``).
 """
 
 from __future__ import annotations

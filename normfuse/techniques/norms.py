@@ -9,7 +9,8 @@ Math (fp32 statistics, output in the input dtype)::
 
 Kernels return ``y`` plus the fp32 statistics ``rstd [M]`` (and ``mean [M]`` for LayerNorm), as the fused
 kernels' backward passes need them. Shapes: ``x [M, N]`` (any M >= 1, any N >= 1: kernels mask the row tail),
-``weight``/``bias`` ``[N]`` or None. Dtypes: bf16 on the GPU; fp16/fp32 too (the CPU interpreter runs fp16/fp32).
+``weight``/``bias`` ``[N]`` of x's dtype, or None. Dtypes: bf16 on the GPU; fp16/fp32 too (the CPU interpreter
+runs fp16/fp32). Any data pointer for x (plain loads; ``check_inputs`` is every DSL's contract).
 
 Status: kernels are CPU-checked (interpreter / ref mode / sm_90 compile); GPU measurements are open work.
 Source of the comparison numbers: torch.compile (the blog's reference norm), QuACK's memory-bound kernels
