@@ -103,6 +103,7 @@ fp32 FMA dot instead of TF32 (slow; fp32 is for correctness checks against the f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -114,6 +115,7 @@ from helion.runtime.ref_mode import is_ref_mode_enabled
 
 from normfuse.techniques.lazy_prenorm import check_inputs, check_layernorm_vectors
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only, numel_needs_int64
 
 __all__ = [
     "TilingConfig",
@@ -657,22 +659,27 @@ def _as_config(config) -> TilingConfig:
     return TilingConfig.from_dict(config)
 
 
-def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    return float(eps)
+_check_eps = check_eps  # the shared check (normfuse.validate); the name is imported by kernels_helion.fna
 
 
-def _uses_tma(hcfg: helion.Config) -> bool:
-    ix = hcfg.config.get("indexing")
-    return "tensor_descriptor" in ((ix,) if isinstance(ix, str) else tuple(ix or ()))
+_INT64_TWINS: dict = {}  # id(kernel) -> (kernel, its index_dtype=int64 twin)
 
 
-def _check_tma_alignment(*tensors: torch.Tensor) -> None:
-    for name, t in zip(("a", "b"), tensors):
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name}.data_ptr() must be 16-byte aligned for tensor-descriptor (TMA) indexing "
-                             "(pass a fresh contiguous tensor, not an offset view)")
+def _indexed_kernel(kernel, *numels: int):
+    """``kernel`` itself, or its twin compiled with ``index_dtype=torch.int64`` when a tensor of one of
+    ``numels`` elements (the inputs, and the outputs the kernel allocates) has element offsets beyond int32.
+
+    Helion picks int64 indexing by itself only from the sizes of the *input* tensors; an output larger than every
+    input (``y [M, N]`` of a GEMM with K < N, e.g. 262144 x 8200 from K = 64) then fails in code generation with
+    ``IndexOffsetOutOfRangeForInt32``. The twin has the same body and settings (``helion.kernel(fn,
+    settings=...)``), so the benchmarked shapes keep their int32 kernel and its speed."""
+    if not numel_needs_int64(*numels):
+        return kernel
+    hit = _INT64_TWINS.get(id(kernel))
+    if hit is None:
+        twin = helion.kernel(kernel.fn, settings=dataclasses.replace(kernel.settings, index_dtype=torch.int64))
+        hit = _INT64_TWINS[id(kernel)] = (kernel, twin)
+    return hit[1]
 
 
 def _kernel_args(op: str, a, b, eps, vectors=(None, None), *, fill_vectors: bool = False):
@@ -696,24 +703,20 @@ def _run(op: str, a: torch.Tensor, b: torch.Tensor, eps: float | None, config, v
     (M, N, K), args = _kernel_args(op, a, b, eps, vectors)
     cfg = _as_config(config)
     key = cfg.kernel_key(op)
-    kernel = _KERNELS[key]
+    kernel = _indexed_kernel(_KERNELS[key], a.numel(), b.numel(), M * N)
     if ref_mode():
         return kernel(*args)  # eager PyTorch on whole tensors: the config does not apply
     if a.device.type != "cuda":
         raise ValueError(f"{op} needs CUDA tensors (got {a.device}); on CPU set HELION_INTERPRET=1 before "
                          "importing helion (ref mode), or use compile_sm90 for a compile-only check")
     ck = (key, M, N, K, a.dtype, a.device, cfg)
-    hit = _COMPILED.get(ck)
-    if hit is None:
-        hcfg = cfg.to_helion(op)
+    fn = _COMPILED.get(ck)
+    if fn is None:
         bound = kernel.bind(args)
         with _live_args(bound, args):
-            hit = (bound.compile_config(hcfg), _uses_tma(hcfg))
-        _COMPILED[ck] = hit
-    fn, uses_tma = hit
-    if uses_tma:
-        _check_tma_alignment(a, b)
-    return fn(*args)
+            fn = bound.compile_config(cfg.to_helion(op))
+        _COMPILED[ck] = fn
+    return fn(*args)  # a and b are 16-byte aligned (check_inputs): TMA descriptors are legal whenever configured
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:
@@ -725,12 +728,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:
     ref mode (``HELION_INTERPRET=1``) it is validated and then ignored, and CPU tensors are accepted.
     The first call per (shape, dtype, device, config) compiles; later calls reuse the compiled function.
 
-    Raises TypeError/ValueError from ``normfuse.techniques.lazy_prenorm.check_inputs`` for bad inputs, ValueError
-    for an invalid config, for non-CUDA tensors outside ref mode, and for TMA-misaligned base pointers.
+    Raises NotImplementedError for inputs that require grad with grad mode on (forward only), TypeError/ValueError
+    from ``normfuse.techniques.lazy_prenorm.check_inputs`` for bad inputs (16-byte aligned base pointers
+    included), ``normfuse.tiling.ConfigError`` (a ValueError) for an invalid config, ValueError for non-CUDA
+    tensors outside ref mode. Outputs past 2^31 elements get the int64-indexing twin (``_indexed_kernel``).
 
     Sources: Helion examples (matmul), https://github.com/pytorch/helion/tree/main/examples ; the PyTorch blog
     "Towards Free Normalization", https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
     """
+    check_forward_only("lazy_prenorm.matmul", a=a, b=b)
     return _run("matmul", a, b, None, config)
 
 
@@ -747,14 +753,14 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
     (Triton pipeliner bug, triton-lang/triton#6691): check every benchmarked config against ``reference``. Under
     ref mode the config is validated and ignored.
 
-    Raises TypeError/ValueError from ``check_inputs`` (including ``eps <= 0``), ValueError for an invalid config,
-    for non-CUDA tensors outside ref mode and for TMA-misaligned base pointers.
+    Raises as ``matmul``, plus ValueError naming eps for an ``eps`` that is not a finite number > 0 (None too).
 
     Source: PyTorch blog "Towards Free Normalization: Fusing Normalization into GEMM and Attention Kernels",
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
     Helion examples, https://github.com/pytorch/helion/tree/main/examples
     """
-    return _run("lazy_rmsnorm_matmul", a, b_folded, _check_eps(eps), config)
+    check_forward_only("lazy_prenorm.lazy_rmsnorm_matmul", a=a, b_folded=b_folded)
+    return _run("lazy_rmsnorm_matmul", a, b_folded, check_eps(eps), config)
 
 
 def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor, *,
@@ -763,6 +769,10 @@ def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch
     ``a.dtype``. Equals ``(LN(a) * gamma + beta) @ b`` for ``b_folded = diag(gamma) @ b``,
     ``colsum = b_folded.float().sum(0)``, ``beta_b = beta @ b`` (fp32; ``normfuse.techniques.lazy_prenorm``'s
     ``fold_gamma`` / ``layernorm_vectors``, computed once outside timing).
+
+    Numerics: within the flash-attention tolerance for rows whose |mean| is at most 100 standard deviations, the
+    documented limit of the rank-1 form (``normfuse.techniques.lazy_prenorm``; at ~1000 std the epilogue's
+    cancellation exceeds it in bf16).
 
     Statistics: per row, fp32 shifted sums ``S1 = sum (a - c)``, ``S2 = sum (a - c)^2`` with ``c = a[:, 0]``
     (shifted one-pass variance), taken by the ``config.sumsq`` formulation (``"reload"``, ``"prepass"``,
@@ -782,7 +792,8 @@ def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
     shifted one-pass variance: Chan, Golub & LeVeque, "Algorithms for computing the sample variance" (1983).
     """
-    return _run(LN_OP, a, b_folded, _check_eps(eps), config, (colsum, beta_b))
+    check_forward_only("lazy_prenorm.lazy_layernorm_matmul", a=a, b_folded=b_folded, colsum=colsum, beta_b=beta_b)
+    return _run(LN_OP, a, b_folded, check_eps(eps), config, (colsum, beta_b))
 
 
 @contextlib.contextmanager
@@ -842,12 +853,13 @@ def _codegen_env(a: torch.Tensor):
 def _bound(op: str, a: torch.Tensor, b: torch.Tensor, eps: float, config, vectors=(None, None)):
     if op not in ALL_OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(ALL_OPS)}")
-    _, args = _kernel_args(op, a, b, _check_eps(eps) if op != "matmul" else None, vectors, fill_vectors=True)
+    (M, N, _), args = _kernel_args(op, a, b, check_eps(eps) if op != "matmul" else None, vectors,
+                                   fill_vectors=True)
     cfg = _as_config(config)
     key = cfg.kernel_key(op)
     if ref_mode():
         raise RuntimeError("code generation is unavailable in Helion ref mode (unset HELION_INTERPRET)")
-    return _KERNELS[key].bind(args), cfg.to_helion(op), args
+    return _indexed_kernel(_KERNELS[key], a.numel(), b.numel(), M * N).bind(args), cfg.to_helion(op), args
 
 
 def triton_code(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor | None = None,

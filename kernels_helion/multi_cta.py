@@ -53,7 +53,6 @@ Chan, Golub, LeVeque (1979) for the merge. Code written for this repo.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 
 import normfuse.helion_compat  # noqa: F401  (must precede `import helion`)
@@ -66,6 +65,7 @@ from kernels_helion import lazy_prenorm as _lp
 from kernels_helion.lazy_prenorm import _as_on_h200, _live_args, ptxas_usage  # noqa: F401  (shared host helpers)
 from normfuse.techniques import multi_cta as _spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 __all__ = ["TilingConfig", "DEFAULT_CONFIG", "H200_CANDIDATES", "OPS", "matmul", "matmul_rmsnorm",
            "matmul_layernorm", "compile_sm90", "compile_sm90_kernel", "triton_code", "ref_mode", "ptxas_usage"]
@@ -273,17 +273,11 @@ def ref_mode() -> bool:
     return is_ref_mode_enabled(_rms_rowblock_kernel.settings)
 
 
-def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    return float(eps)
-
-
 def _args(op: str, a, b, weight, bias, eps) -> tuple:
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     if op == "matmul_rmsnorm":
         bias = None
-    _spec.check_inputs(a, b, weight, bias, eps)
+    _spec.check_inputs(a, b, weight, bias, eps)  # the technique's contract (16-byte aligned a, b included)
     return (a, b, weight, eps) if op == "matmul_rmsnorm" else (a, b, weight, bias, eps)
 
 
@@ -295,16 +289,14 @@ def _run(op: str, a, b, weight, bias, eps, config):
         raise ValueError(f"flatten_n needs N % BLOCK_N == 0 (got N={N}, BLOCK_N={BLOCK_N}): the flattened N x K "
                          "loop gave wrong statistics on the H200 at a partial last N tile (module docstring); "
                          "use a config without flatten_n")
-    kernel = _KERNELS[op]
+    M, K = a.shape
+    kernel = _lp._indexed_kernel(_KERNELS[op], a.numel(), b.numel(), M * N)  # int64 offsets past 2^31 elements
     if ref_mode():
         return kernel(*args)  # eager PyTorch on whole tensors: the config does not apply
     if a.device.type != "cuda":
         raise ValueError(f"{op} needs CUDA tensors (got {a.device}); on CPU set HELION_INTERPRET=1 before "
                          "importing helion (ref mode), or use compile_sm90 for a compile-only check")
     has_w, has_b = weight is not None, op == "matmul_layernorm" and bias is not None
-    if cfg.indexing == "tensor_descriptor":
-        _lp._check_tma_alignment(a, b)
-    M, K = a.shape
     ck = (op, M, b.shape[1], K, a.dtype, a.device, has_w, has_b, cfg)
     fn = _COMPILED.get(ck)
     if fn is None:
@@ -331,11 +323,17 @@ def matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None
         ``(y [M, N] a.dtype, rstd [M] fp32)``.
 
     Raises:
-        TypeError/ValueError from ``normfuse.techniques.multi_cta.check_inputs``; ValueError for eps, an invalid
-        config, non-CUDA tensors outside ref mode, TMA-misaligned base pointers.
+        NotImplementedError: an input requires grad with grad mode on (forward only).
+        TypeError/ValueError: from ``normfuse.techniques.multi_cta.check_inputs`` (16-byte aligned a and b, the
+        affine vectors in a's dtype, ...); ValueError naming eps for a bad ``eps`` (None too), for non-CUDA
+        tensors outside ref mode and for ``flatten_n`` with a partial last N tile; ``normfuse.tiling.ConfigError``
+        for an invalid config.
+
+    y past 2^31 elements (e.g. 262144 x 8200) gets the int64-indexing twin of the kernel.
 
     Sources: see the module docstring.
     """
+    check_forward_only("multi_cta.matmul_rmsnorm", a=a, b=b, weight=weight)
     return _run("matmul_rmsnorm", a, b, weight, None, eps, config)
 
 
@@ -348,6 +346,7 @@ def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
     Returns:
         ``(y [M, N] a.dtype, mean [M] fp32, rstd [M] fp32)``.
     """
+    check_forward_only("multi_cta.matmul_layernorm", a=a, b=b, weight=weight, bias=bias)
     return _run("matmul_layernorm", a, b, weight, bias, eps, config)
 
 
@@ -362,7 +361,8 @@ def _bound(op: str, a, b, eps, config, affine: bool):
     cfg = TilingConfig.from_dict(config)
     if ref_mode():
         raise RuntimeError("code generation is unavailable in Helion ref mode (unset HELION_INTERPRET)")
-    return _KERNELS[op].bind(args), cfg.to_helion(op, w is not None, bias is not None), args
+    kernel = _lp._indexed_kernel(_KERNELS[op], a.numel(), b.numel(), a.shape[0] * b.shape[1])
+    return kernel.bind(args), cfg.to_helion(op, w is not None, bias is not None), args
 
 
 def _codegen_env(a: torch.Tensor):

@@ -91,14 +91,14 @@ from helion.runtime.ref_mode import is_ref_mode_enabled
 
 from kernels_helion.lazy_prenorm import (  # shared host-side helpers and the GEMM baseline
     _as_on_h200,
-    _check_eps,
-    _check_tma_alignment,
+    _indexed_kernel,
     _live_args,
     matmul,
     ptxas_usage,
 )
-from normfuse.techniques.lazy_prenorm import check_inputs
+from normfuse.techniques.naive_fusion import check_inputs
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 __all__ = [
     "TilingConfig",
@@ -425,21 +425,8 @@ def ref_mode() -> bool:
 def _args(op: str, a, b, weight, bias, eps) -> tuple:
     if op not in FUSED_OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(FUSED_OPS)}")
-    M, N, K = check_inputs(a, b, eps)
-    for name, v in (("weight", weight), ("bias", bias)):
-        if v is None:
-            continue
-        if not isinstance(v, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(v).__name__}")
-        if v.shape != (N,):
-            raise ValueError(f"{name} must have shape [N] = [{N}], got {tuple(v.shape)}")
-        if v.dtype != a.dtype:
-            raise TypeError(f"{name} dtype {v.dtype} differs from a's dtype {a.dtype}")
-        if v.device != a.device:
-            raise ValueError(f"{name} is on {v.device}, a on {a.device}")
-        if not v.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
+    check_inputs(a, b, weight, bias if op == "matmul_layernorm" else None, eps)  # the technique's contract
     return (a, b, weight, bias, eps) if op == "matmul_layernorm" else (a, b, weight, eps)
 
 
@@ -452,28 +439,22 @@ def _prepare(op: str, a, b, weight, bias, eps, config):
 
 def _run(op: str, a, b, weight, bias, eps, config):
     args, cfg = _prepare(op, a, b, weight, bias, eps, config)
-    kernel = _KERNELS[op]
+    (M, K), N = a.shape, b.shape[1]
+    kernel = _indexed_kernel(_KERNELS[op], a.numel(), b.numel(), M * N)  # int64 offsets past 2^31 elements
     if ref_mode():
         return kernel(*args)  # eager PyTorch on whole tensors: the config does not apply
     if a.device.type != "cuda":
         raise ValueError(f"{op} needs CUDA tensors (got {a.device}); on CPU set HELION_INTERPRET=1 before "
                          "importing helion (ref mode), or use compile_sm90 for a compile-only check")
-    (M, K), N = a.shape, b.shape[1]
     affine = (weight is not None, bias is not None and op == "matmul_layernorm")
     ck = (op, M, N, K, a.dtype, a.device, affine, cfg)
-    hit = _COMPILED.get(ck)
-    if hit is None:
-        hcfg = cfg.to_helion(op, affine, N)
+    fn = _COMPILED.get(ck)
+    if fn is None:
         bound = kernel.bind(args)
         with _live_args(bound, args):
-            fn = bound.compile_config(hcfg)
-        ix = hcfg.config["indexing"]
-        hit = (fn, "tensor_descriptor" in ((ix,) if isinstance(ix, str) else tuple(ix[:2])))  # a, b
-        _COMPILED[ck] = hit
-    fn, uses_tma = hit
-    if uses_tma:
-        _check_tma_alignment(a, b)
-    return fn(*args)
+            fn = bound.compile_config(cfg.to_helion(op, affine, N))
+        _COMPILED[ck] = fn
+    return fn(*args)  # a and b are 16-byte aligned (check_inputs): TMA descriptors are legal whenever configured
 
 
 def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None = None,
@@ -490,16 +471,18 @@ def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
     ref mode (``HELION_INTERPRET=1``) it is validated (capacity included) and then ignored, and CPU tensors are
     accepted. The first call per (shape, dtype, device, affine, config) compiles; later calls reuse it.
 
-    Raises TypeError/ValueError from ``normfuse.techniques.lazy_prenorm.check_inputs`` (dtypes, ranks, K/N
-    multiples of 8, contiguity, devices, ``eps``), TypeError/ValueError for a weight/bias of the wrong type,
-    dtype, shape, device or layout, ValueError for an invalid config, for an N that the config cannot hold
-    (``TilingConfig.check_capacity``: ``MAX_ACC_REGS_PER_THREAD``, ``SMEM_LIMIT_BYTES``), for non-CUDA tensors
-    outside ref mode and for TMA-misaligned base pointers.
+    Raises NotImplementedError for inputs that require grad with grad mode on (forward only); TypeError/ValueError
+    from ``normfuse.techniques.naive_fusion.check_inputs`` (dtypes, ranks, K/N multiples of 8, contiguity,
+    16-byte aligned a and b, devices, ``eps``, a weight/bias of the wrong type, dtype, shape, device or layout);
+    ``normfuse.tiling.ConfigError`` (a ValueError) for an invalid config; ValueError for an N that the config
+    cannot hold (``TilingConfig.check_capacity``: ``MAX_ACC_REGS_PER_THREAD``, ``SMEM_LIMIT_BYTES``) and for
+    non-CUDA tensors outside ref mode. y past 2^31 elements gets the int64-indexing twin of the kernel.
 
     Source: PyTorch blog "Towards Free Normalization", section 1,
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
     Helion's examples/matmul_layernorm.py, https://github.com/pytorch/helion/tree/main/examples
     """
+    check_forward_only("naive_fusion.matmul_layernorm", a=a, b=b, weight=weight, bias=bias)
     return _run("matmul_layernorm", a, b, weight, bias, eps, config)
 
 
@@ -513,6 +496,7 @@ def matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None
     Source: PyTorch blog "Towards Free Normalization", section 1,
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
     """
+    check_forward_only("naive_fusion.matmul_rmsnorm", a=a, b=b, weight=weight)
     return _run("matmul_rmsnorm", a, b, weight, None, eps, config)
 
 
@@ -530,7 +514,8 @@ def _bound(op: str, a, b, eps, config, affine: bool):
         w = torch.ones(N, dtype=a.dtype, device=a.device)
         bias = torch.zeros_like(w) if op == "matmul_layernorm" else None
     args, cfg = _prepare(op, a, b, w, bias, eps, config)
-    return _KERNELS[op].bind(args), cfg.to_helion(op, (affine, affine and op == "matmul_layernorm"), b.shape[1]), args
+    kernel = _indexed_kernel(_KERNELS[op], a.numel(), b.numel(), a.shape[0] * b.shape[1])
+    return kernel.bind(args), cfg.to_helion(op, (affine, affine and op == "matmul_layernorm"), b.shape[1]), args
 
 
 def _codegen_env(a: torch.Tensor):

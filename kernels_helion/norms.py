@@ -49,7 +49,6 @@ identity weight: the no-affine RMSNorm kernel has exactly one load (x) and three
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 
 import normfuse.helion_compat  # noqa: F401  (must precede `import helion`)
@@ -61,6 +60,7 @@ from helion.runtime.ref_mode import is_ref_mode_enabled
 from kernels_helion.lazy_prenorm import _as_on_h200, _live_args, ptxas_usage  # shared host-side helpers
 from normfuse.techniques.norms import check_inputs
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_aligned, check_eps, check_forward_only
 
 __all__ = [
     "TilingConfig",
@@ -289,22 +289,11 @@ def ref_mode() -> bool:
     return is_ref_mode_enabled(_rms_norm_kernel.settings)
 
 
-def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    return float(eps)
-
-
 def _args(op: str, x, weight, bias, eps) -> tuple:
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
-    check_inputs(x, weight, bias, eps)
-    for name, v in (("weight", weight), ("bias", bias)):
-        if v is not None and v.dtype != x.dtype:
-            raise TypeError(f"{name} dtype {v.dtype} differs from x dtype {x.dtype}")
-        if v is not None and not v.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
+    check_inputs(x, weight, bias, eps)  # the technique's contract: affine vectors of x's dtype, contiguous, [N]
     return (x, weight, eps) if op == "rms_norm" else (x, weight, bias, eps)
 
 
@@ -317,6 +306,10 @@ def _run(op: str, x, weight, bias, eps, config):
     if x.device.type != "cuda":
         raise ValueError(f"{op} needs CUDA tensors (got {x.device}); on CPU set HELION_INTERPRET=1 before "
                          "importing helion (ref mode), or use compile_sm90 for a compile-only check")
+    if cfg.indexing == "tensor_descriptor":
+        # a TMA descriptor needs a 16-byte aligned base; pointer indexing takes any x (Triton's launch
+        # specialization drops the 16-byte vectors for an unaligned pointer)
+        check_aligned(x, "x")
     M, N = x.shape
     ck = (op, M, N, x.dtype, x.device, weight is not None, bias is not None, cfg)
     fn = _COMPILED.get(ck)
@@ -340,13 +333,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     ref mode (``HELION_INTERPRET=1``) it is validated and then ignored, and CPU tensors are accepted. The first call
     per (shape, dtype, device, affine, config) compiles; later calls reuse the compiled function.
 
-    Raises TypeError/ValueError from ``normfuse.techniques.norms.check_inputs`` (dtype, rank, contiguity, affine
-    shape/device, ``eps <= 0``), TypeError for a weight dtype other than ``x.dtype``, ValueError for an invalid
-    config and for non-CUDA tensors outside ref mode.
+    Raises NotImplementedError for inputs that require grad with grad mode on (forward only);
+    TypeError/ValueError from ``normfuse.techniques.norms.check_inputs`` (dtype, rank, contiguity, affine
+    shape/device/layout, a weight dtype other than ``x.dtype``) and ``normfuse.validate.check_eps`` (eps None,
+    not finite or <= 0); ``normfuse.tiling.ConfigError`` for an invalid config; ValueError for non-CUDA tensors
+    outside ref mode and, with ``indexing="tensor_descriptor"``, for an x whose data pointer is not 16-byte
+    aligned (a view with a storage offset; pointer indexing takes it). x past 2^31 elements: Helion indexes in
+    int64 by itself (it sizes the index type from the inputs, and y is x's size).
 
     Sources: Helion examples (rms_norm), https://github.com/pytorch/helion/tree/main/examples ; QuACK,
     https://github.com/Dao-AILab/quack/blob/main/media/2025-07-10-membound-sol.md
     """
+    check_forward_only("norms.rms_norm", x=x, weight=weight)
     return _run("rms_norm", x, weight, None, eps, config)
 
 
@@ -363,6 +361,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     Sources: Helion examples (layer_norm), https://github.com/pytorch/helion/tree/main/examples ; QuACK,
     https://github.com/Dao-AILab/quack/blob/main/media/2025-07-10-membound-sol.md
     """
+    check_forward_only("norms.layer_norm", x=x, weight=weight, bias=bias)
     return _run("layer_norm", x, weight, bias, eps, config)
 
 

@@ -106,6 +106,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from normfuse.techniques import lazy_prenorm as _spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
 REGISTER_FILE = 65536  # 32-bit registers per SM (and per CTA at most)
@@ -622,16 +623,12 @@ def _num_sms(device: torch.device) -> int:
 
 def _validate(a, b, eps, fuse: bool, *, need_cuda: bool) -> tuple[int, int, int]:
     """Shared input checks of the public functions; returns (M, N, K). Raises TypeError/ValueError."""
-    if fuse and (eps is None or isinstance(eps, bool)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    M, N, K = _spec.check_inputs(a, b, eps if fuse else None)
+    if fuse:
+        eps = check_eps(eps)
+    M, N, K = _spec.check_inputs(a, b, eps if fuse else None)  # the contract, 16-byte aligned a and b included
     if a.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"the TLX kernel supports bf16 and fp16 inputs, got {a.dtype} "
                         "(fp32 would need tf32 wgmma with K-major B)")
-    for name, t in (("a", a), ("b", b)):
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name} must start at a 16-byte aligned address (TMA descriptors), "
-                             f"got data_ptr % 16 = {t.data_ptr() % 16}")
     if need_cuda and a.device.type != "cuda":
         raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
     return M, N, K
@@ -640,7 +637,7 @@ def _validate(a, b, eps, fuse: bool, *, need_cuda: bool) -> tuple[int, int, int]
 def _validate_ln(a, b, colsum, beta_b, eps, cfg: TilingConfig, *, need_cuda: bool) -> tuple[int, int, int]:
     """``_validate`` for the LayerNorm op, plus its fp32 ``[N]`` vectors and the config's shared memory with
     the extra rstd * mean buffers. Raises TypeError/ValueError."""
-    _, N, _ = _spec.check_inputs(a, b, eps if not isinstance(eps, bool) else None)
+    _, N, _ = _spec.check_inputs(a, b, check_eps(eps))
     _spec.check_layernorm_vectors(colsum, beta_b, N, a.device)  # before the device check: a bad vector is named first
     M, N, K = _validate(a, b, eps, True, need_cuda=need_cuda)
     if cfg.smem_bytes(a.element_size(), layernorm=True) > SMEM_LIMIT_BYTES:
@@ -714,6 +711,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:
 
     Sources: TLX Hopper GEMM tutorials, https://github.com/facebookexperimental/triton
     """
+    check_forward_only("lazy_prenorm.matmul", a=a, b=b)
     return _run(a, b, None, False, config)
 
 
@@ -737,13 +735,15 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
 
     Raises:
         TypeError: non-tensors, mixed dtypes, or a dtype other than bf16/fp16.
-        ValueError: wrong ranks, mismatched K, non-contiguous or misaligned inputs, ``eps <= 0``, non-CUDA
-            tensors, or an invalid config.
+        NotImplementedError: an input requires grad with grad mode on (forward only).
+        ValueError: wrong ranks, mismatched K, non-contiguous or misaligned inputs, eps not a finite number > 0
+            (None too), non-CUDA tensors; ``normfuse.tiling.ConfigError`` for an invalid config.
 
     Sources: PyTorch blog "Towards Free Normalization",
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
     TLX, https://github.com/facebookexperimental/triton
     """
+    check_forward_only("lazy_prenorm.lazy_rmsnorm_matmul", a=a, b_folded=b_folded)
     return _run(a, b_folded, eps, True, config)
 
 
@@ -759,6 +759,10 @@ def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch
     ``rstd = rsqrt(max(S2/K - (S1/K)^2, 0) + eps)``, stages ``rstd`` and ``rstd * mean`` through the consumer's
     shared buffers (as the RMSNorm kernel does with rstd) and applies the rank-1 correction with the ``colsum`` /
     ``beta_b`` tiles. REUSE_RSTD configs compute the statistics once per M-tile run, as for RMSNorm.
+
+    Numerics: within the flash-attention tolerance for rows whose |mean| is at most 100 standard deviations, the
+    documented limit of the rank-1 form (``normfuse.techniques.lazy_prenorm``; at ~1000 std the epilogue's
+    cancellation exceeds it in bf16).
 
     Args:
         a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA (K multiple of 8).
@@ -781,6 +785,7 @@ def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch
     shifted one-pass variance: Chan, Golub & LeVeque, "Algorithms for computing the sample variance" (1983);
     TLX, https://github.com/facebookexperimental/triton
     """
+    check_forward_only("lazy_prenorm.lazy_layernorm_matmul", a=a, b_folded=b_folded, colsum=colsum, beta_b=beta_b)
     return _run(a, b_folded, eps, True, config, (colsum, beta_b))
 
 

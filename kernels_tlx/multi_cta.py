@@ -111,6 +111,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels_tlx import lazy_prenorm as _lp
 from normfuse.techniques import multi_cta as _spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 SMEM_LIMIT_BYTES = _lp.SMEM_LIMIT_BYTES
 H200_NUM_SMS = 132
@@ -582,16 +583,13 @@ def _num_sms(device: torch.device) -> int:
 
 def _validate(a, b, weight, bias, eps, norm: str, *, need_cuda: bool) -> tuple[int, int, int]:
     """Shared input checks of the public functions; returns (M, N, K). Raises TypeError/ValueError."""
-    if norm != "none" and (eps is None or isinstance(eps, bool)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    if norm != "none":
+        eps = check_eps(eps)
+    # the technique's contract: dtypes, shapes, 16-byte aligned a and b (TMA), affine vectors of a's dtype
     M, N, K = _spec.check_inputs(a, b, weight, bias, eps if norm != "none" else None)
     if a.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"the TLX kernel supports bf16 and fp16 inputs, got {a.dtype} "
                         "(fp32 would need tf32 wgmma with K-major B)")
-    for name, t in (("a", a), ("b", b)):
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name} must start at a 16-byte aligned address (TMA descriptors), "
-                             f"got data_ptr % 16 = {t.data_ptr() % 16}")
     if need_cuda and a.device.type != "cuda":
         raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
     return M, N, K
@@ -741,15 +739,18 @@ def matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None
         ``(y [M, N] a.dtype, rstd [M] fp32)``.
 
     Raises:
-        TypeError: non-tensors, mixed dtypes, dtypes other than bf16/fp16.
+        NotImplementedError: an input requires grad with grad mode on (forward only).
+        TypeError: non-tensors, mixed dtypes, dtypes other than bf16/fp16, a weight of another dtype than a.
         ValueError: wrong ranks, mismatched K, non-contiguous or misaligned inputs (TMA: 16-byte base and
-            rows), non-CUDA tensors, eps <= 0, an invalid config (e.g. an unsupported CLUSTER_SIZE) or one that
-            cannot serve N (``TilingConfig.block_n``: N larger than the cluster can cover).
+            rows), non-CUDA tensors, eps not a finite number > 0 (None too), a config that cannot serve N
+            (``TilingConfig.block_n``: N larger than the cluster can cover); ``normfuse.tiling.ConfigError`` for
+            an invalid config (e.g. an unsupported CLUSTER_SIZE). y may exceed 2^31 elements (TMA coordinates).
 
     Sources: PyTorch blog "Towards Free Normalization" (multi-CTA norm fusion),
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
     TLX, https://github.com/facebookexperimental/triton
     """
+    check_forward_only("multi_cta.matmul_rmsnorm", a=a, b=b, weight=weight)
     y, _, rstd = _run(a, b, weight, None, eps, "rms", config)
     return y, rstd
 
@@ -765,6 +766,7 @@ def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
     Returns:
         ``(y [M, N] a.dtype, mean [M] fp32, rstd [M] fp32)``.
     """
+    check_forward_only("multi_cta.matmul_layernorm", a=a, b=b, weight=weight, bias=bias)
     return _run(a, b, weight, bias, eps, "layer", config)
 
 

@@ -111,8 +111,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels_tlx.lazy_prenorm import matmul  # noqa: F401  (re-export: the same DSL's GEMM, T_gemm_dsl)
 from kernels_tlx import lazy_prenorm as _lp
-from normfuse.techniques import lazy_prenorm as _lp_spec
+from normfuse.techniques import naive_fusion as _nf_spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 SMEM_LIMIT_BYTES, REGISTER_FILE = _lp.SMEM_LIMIT_BYTES, _lp.REGISTER_FILE  # 227 KB opt-in smem, 64 K registers
 H200_NUM_SMS = 132  # persistent grid when compiling without a GPU
@@ -495,30 +496,15 @@ def _num_sms(device: torch.device) -> int:
 
 
 def _validate(a, b, weight, bias, eps, norm: str) -> tuple[int, int, int]:
-    """Input checks shared by the public functions; returns (M, N, K). TypeError/ValueError naming the problem."""
-    if norm != "none" and (eps is None or isinstance(eps, bool)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    M, N, K = _lp_spec.check_inputs(a, b, eps if norm != "none" else None)
+    """The technique's contract (``normfuse.techniques.naive_fusion.check_inputs``: dtypes, shapes, 16-byte
+    aligned a and b for the TMA descriptors, affine vectors of a's dtype) plus this kernel's dtypes; returns
+    (M, N, K). TypeError/ValueError naming the problem."""
+    if norm != "none":
+        eps = check_eps(eps)
+    M, N, K = _nf_spec.check_inputs(a, b, weight, bias, eps if norm != "none" else None)
     if a.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"the TLX kernel supports bf16 and fp16 inputs, got {a.dtype} "
                         "(fp32 would need tf32 wgmma with K-major B)")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-        if tuple(t.shape) != (N, ):
-            raise ValueError(f"{name} must have shape [N] = [{N}], got {tuple(t.shape)}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-        if t.device != a.device:
-            raise ValueError(f"{name} is on {t.device}, a on {a.device}")
-    for name, t in (("a", a), ("b", b)):
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name} must start at a 16-byte aligned address (TMA descriptors), "
-                             f"got data_ptr % 16 = {t.data_ptr() % 16}")
     return M, N, K
 
 
@@ -582,7 +568,7 @@ def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
         a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA, 16-byte aligned; any M >= 1, K multiple of 8.
         b: ``[K, N]`` same dtype and device, row-major contiguous; N multiple of 8, N <= ``MAX_N`` (512) and
             within the config's limits (``TilingConfig.plan``).
-        weight, bias: ``[N]`` floating-point (any float dtype, read as fp32) on a's device, or None.
+        weight, bias: contiguous ``[N]`` of a's dtype on a's device (read as fp32), or None.
         eps: added to the variance inside the rsqrt (finite, > 0).
         config: ``TilingConfig``, a dict of overrides, or None for ``DEFAULT_CONFIG``.
 
@@ -590,14 +576,17 @@ def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
         ``(y [M, N] a.dtype, mean [M] fp32, rstd [M] fp32)``.
 
     Raises:
-        TypeError: non-tensors, mixed dtypes, a dtype other than bf16/fp16, a non-float weight/bias.
+        NotImplementedError: an input requires grad with grad mode on (forward only).
+        TypeError: non-tensors, mixed dtypes, a dtype other than bf16/fp16, a weight/bias of another dtype than a.
         ValueError: wrong ranks, mismatched K, non-contiguous or misaligned inputs, K or N not a multiple of 8,
-            weight/bias not ``[N]``, eps <= 0, non-CUDA tensors, an invalid config, or an N/K the config
-            cannot serve (N > MAX_N, registers, shared memory -- the message names the limit).
+            weight/bias not ``[N]``, eps not a finite number > 0 (None too), non-CUDA tensors, or an N/K the
+            config cannot serve (N > MAX_N, registers, shared memory -- the message names the limit);
+            ``normfuse.tiling.ConfigError`` for an invalid config. y may exceed 2^31 elements (TMA coordinates).
 
     Source: PyTorch blog "Towards Free Normalization" (naive fusion),
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
     """
+    check_forward_only("naive_fusion.matmul_layernorm", a=a, b=b, weight=weight, bias=bias)
     y, mean, rstd = _run(a, b, weight, bias, eps, "layernorm", config)
     return y, mean, rstd
 
@@ -611,6 +600,7 @@ def matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None
     Returns:
         ``(y [M, N] a.dtype, rstd [M] fp32)``.
     """
+    check_forward_only("naive_fusion.matmul_rmsnorm", a=a, b=b, weight=weight)
     y, _, rstd = _run(a, b, weight, None, eps, "rmsnorm", config)
     return y, rstd
 

@@ -74,9 +74,10 @@ import triton.language.extra.tlx as tlx
 
 from normfuse.techniques import norms as _spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # the technique's three (plain loads: any dtype)
 OPS = ("rms_norm", "layer_norm")
 CLUSTER_SIZES = (1, 2, 4, 8)  # 8 = the portable cluster-size limit on Hopper
 # fp32 elements of x one thread keeps in registers (ROWS * BLOCK_N / threads). 64 leaves room for LayerNorm's
@@ -283,17 +284,10 @@ def _norm_cluster_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N, eps,
 # Host side
 # ------------------------------------------------------------------------------------------------------------
 def _validate(x, weight, bias, eps, *, need_cuda: bool) -> tuple[int, int]:
-    """Shared input checks; returns (M, N). TypeError for types/dtypes, ValueError for the rest."""
-    if eps is None or isinstance(eps, bool):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    M, N = _spec.check_inputs(x, weight, bias, eps)
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"the TLX norm kernels support bf16 and fp16 inputs, got {x.dtype}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != x.dtype:
-            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
-        if t is not None and not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
+    """The technique's contract (``normfuse.techniques.norms.check_inputs``: dtypes, shapes, affine vectors of x's
+    dtype, contiguity) and ``normfuse.validate.check_eps``; returns (M, N). TypeError / ValueError."""
+    eps = check_eps(eps)
+    M, N = _spec.check_inputs(x, weight, bias, eps)  # bf16/fp16/fp32: all of SUPPORTED_DTYPES
     if need_cuda and x.device.type != "cuda":
         raise ValueError(f"inputs must be CUDA tensors, got device {x.device}")
     return M, N
@@ -336,9 +330,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     """RMSNorm forward: ``y = x * rsqrt(mean(x^2, -1) + eps) (* weight)``.
 
     Args:
-        x: ``[M, N]`` bf16 or fp16, row-major contiguous, CUDA; any M, N >= 1 (within the config's capacity,
-            ``TilingConfig.block_n``).
-        weight: ``[N]`` of x's dtype and device, or None.
+        x: ``[M, N]`` bf16, fp16 or fp32, row-major contiguous, CUDA; any M, N >= 1 (within the config's
+            capacity, ``TilingConfig.block_n``); any data pointer (plain loads: a view with a storage offset gets
+            Triton's unaligned specialization); past 2^31 elements too (int64 row offsets).
+        weight: ``[N]`` of x's dtype and device, contiguous, or None.
         eps: finite, > 0.
         config: ``TilingConfig``, a dict of overrides, or None for ``DEFAULT_CONFIG``. ``CLUSTER_SIZE > 1``
             splits each row over a thread-block cluster (DSMEM exchange of the partial sums).
@@ -347,10 +342,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
         ``(y [M, N] x.dtype, rstd [M] fp32)``.
 
     Raises:
-        TypeError: non-tensors, or dtypes other than bf16/fp16 (or a weight of another dtype).
-        ValueError: wrong rank or shapes, non-contiguous x, eps <= 0, non-CUDA tensors, an invalid config or
-            one that cannot hold a row of N.
+        NotImplementedError: an input requires grad with grad mode on (forward only).
+        TypeError: non-tensors, dtypes other than bf16/fp16/fp32, or a weight of another dtype than x.
+        ValueError: wrong rank or shapes, non-contiguous x, eps not a finite number > 0 (None too), non-CUDA
+            tensors, a config that cannot hold a row of N; ``normfuse.tiling.ConfigError`` for an invalid config.
     """
+    check_forward_only("norms.rms_norm", x=x, weight=weight)
     y, _, rstd, _, _, _ = _launch("rms_norm", x, weight, None, eps, TilingConfig.from_dict(config), need_cuda=True)
     return y, rstd
 
@@ -365,6 +362,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     Returns:
         ``(y [M, N] x.dtype, mean [M] fp32, rstd [M] fp32)``.
     """
+    check_forward_only("norms.layer_norm", x=x, weight=weight, bias=bias)
     y, mean, rstd, _, _, _ = _launch("layer_norm", x, weight, bias, eps, TilingConfig.from_dict(config),
                                      need_cuda=True)
     return y, mean, rstd
@@ -397,7 +395,7 @@ def compile_sm90(op: str, x: torch.Tensor, *, eps: float = 1e-6, config=None, af
     """Compile ``op`` (``"rms_norm"`` or ``"layer_norm"``) for sm_90 without a GPU; never launches.
 
     The caller must already have run ``normfuse.compile_only.install(90)`` in this process. ``x [M, N]`` is a
-    CPU (or CUDA) bf16/fp16 tensor (never read). ``affine``: also pass a weight (and, for LayerNorm, a bias).
+    CPU (or CUDA) bf16/fp16/fp32 tensor (never read). ``affine``: also pass a weight (and, for LayerNorm, a bias).
 
     Returns ``normfuse.compile_only.summarize(compiled)`` (ptx_markers incl. ``mapa``, shared_bytes, num_warps,
     smem_ok, cluster_dims) plus ``ptx_extra`` (st.async / cluster-barrier / mbarrier counts), ``grid``,

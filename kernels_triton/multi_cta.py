@@ -65,6 +65,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels_triton import lazy_prenorm as _lp  # noqa: F401  (also applies the interpreter compat fix)
 from normfuse.techniques import multi_cta as _spec
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 __all__ = ["TilingConfig", "DEFAULT_CONFIG", "EXCHANGES", "matmul", "matmul_rmsnorm", "matmul_layernorm",
            "compile_sm90", "compile_sm90_kernels"]
@@ -271,19 +272,14 @@ def _norm_pass_kernel(y_ptr, part_ptr, w_ptr, bias_ptr, mean_ptr, rstd_ptr, M, N
 # --------------------------------------------------------------------------------------------------------
 def _prepare(a, b, weight, bias, eps, is_rms: bool, config, *, launch: bool):
     """Validate, allocate outputs and scratch, and build both kernels' arguments."""
-    if eps is None or isinstance(eps, bool):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    eps = check_eps(eps)
     if is_rms:
         bias = None
-    M, N, K = _spec.check_inputs(a, b, weight, bias, eps)
+    M, N, K = _spec.check_inputs(a, b, weight, bias, eps)  # the technique's contract (16-byte aligned a, b too)
     cfg = TilingConfig.from_dict(config)
     if launch and a.device.type != "cuda" and not _interpreting():
         raise ValueError(f"inputs must be CUDA tensors (got device {a.device}); CPU tensors run only under "
                          "TRITON_INTERPRET=1")
-    for name, t in (("a", a), ("b", b)):
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name}.data_ptr() must be 16-byte aligned for TMA descriptors (a sliced view? "
-                             "call .clone())")
     mode = cfg.mode(N)
     T = triton.cdiv(N, cfg.BLOCK_N)
     dev = a.device
@@ -337,11 +333,17 @@ def matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None
         ``(y [M, N] a.dtype, rstd [M] fp32)``.
 
     Raises:
-        TypeError: non-tensors, mixed or unsupported dtypes. ValueError: ranks, shapes, alignment, contiguity,
-        devices, eps, bad config values.
+        NotImplementedError: an input requires grad with grad mode on (forward only).
+        TypeError: non-tensors, mixed or unsupported dtypes (a weight of another dtype too).
+        ValueError: ranks, shapes, alignment, contiguity, devices, eps (``normfuse.techniques.multi_cta.
+        check_inputs``); ``normfuse.tiling.ConfigError`` (a ValueError) for an unknown config key or bad value.
+
+    Large outputs: y's offsets are int64 and the partial-statistics buffer is ``[2, cdiv(N, BLOCK_N), M]``, so
+    y may exceed 2^31 elements.
 
     Sources: see the module docstring.
     """
+    check_forward_only("multi_cta.matmul_rmsnorm", a=a, b=b, weight=weight)
     y, _, rstd = _run(a, b, weight, None, eps, True, config)
     return y, rstd
 
@@ -355,6 +357,7 @@ def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
     Returns:
         ``(y [M, N] a.dtype, mean [M] fp32, rstd [M] fp32)``.
     """
+    check_forward_only("multi_cta.matmul_layernorm", a=a, b=b, weight=weight, bias=bias)
     return _run(a, b, weight, bias, eps, False, config)
 
 

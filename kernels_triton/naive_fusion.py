@@ -87,8 +87,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index, _interpreting
 from kernels_triton.lazy_prenorm import matmul  # noqa: F401  (the plain GEMM of this DSL, impl "gemm")
-from normfuse.techniques.lazy_prenorm import DTYPES, check_inputs
+from normfuse.techniques.naive_fusion import check_inputs
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 __all__ = [
     "OPS",
@@ -381,42 +382,15 @@ def launch_params(M: int, N: int, K: int, dtype: torch.dtype, config=None, *, nu
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    return float(eps)
-
-
-def _check_affine(name: str, v, N: int, device) -> None:
-    if v is None:
-        return
-    if not isinstance(v, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(v).__name__}")
-    if v.dtype not in DTYPES.values():
-        raise TypeError(f"{name} must be bf16, fp16 or fp32, got {v.dtype}")
-    if v.shape != (N,):
-        raise ValueError(f"{name} must have shape [N] = [{N}], got {tuple(v.shape)}")
-    if not v.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-    if v.device != device:
-        raise ValueError(f"{name} is on {v.device}, a on {device}")
-
-
 def _prepare(a, b, weight, bias, eps, config, norm: str, *, launch: bool):
     """Validate, resolve the launch, allocate y / mean / rstd and build the descriptors and arguments."""
-    eps = _check_eps(eps)
-    M, N, K = check_inputs(a, b, eps)
-    _check_affine("weight", weight, N, a.device)
-    _check_affine("bias", bias, N, a.device)
+    eps = check_eps(eps)
+    M, N, K = check_inputs(a, b, weight, bias, eps)  # the technique's contract (16-byte aligned a, b included)
     cfg = _as_config(config)
     p = launch_params(M, N, K, a.dtype, cfg, num_sms=_num_sms(a.device) if launch else None)
     if launch and a.device.type != "cuda" and not _interpreting():
         raise ValueError(f"inputs must be CUDA tensors (got device {a.device}); CPU tensors run only under "
                          f"TRITON_INTERPRET=1")
-    for name, t in (("a", a), ("b", b)):
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name}.data_ptr() must be 16-byte aligned for TMA descriptors (a sliced view? "
-                             f"call .clone())")
     y = torch.empty((M, N), dtype=a.dtype, device=a.device)
     mean = torch.empty((M,), dtype=torch.float32, device=a.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=a.device)
@@ -448,15 +422,20 @@ def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
 
     ``a [M, K]``, ``b [K, N]``: 2-D row-major contiguous, one dtype (bf16 on the GPU; fp16/fp32 also accepted and
     required under ``TRITON_INTERPRET=1``), K and N multiples of 8 (16-byte TMA rows), N <= ``MAX_N`` (512),
-    M >= 1, on a CUDA device (CPU only under the interpreter). ``weight``/``bias``: ``[N]`` bf16/fp16/fp32 or None.
-    ``eps``: finite float > 0 (inside the rsqrt). ``config``: dict, ``TilingConfig`` or None (``DEFAULT_CONFIG``).
+    M >= 1, 16-byte aligned data pointers (TMA descriptors), on a CUDA device (CPU only under the interpreter).
+    ``weight``/``bias``: contiguous ``[N]`` of a's dtype, or None. ``eps``: finite float > 0 (inside the rsqrt).
+    ``config``: dict, ``TilingConfig`` or None (``DEFAULT_CONFIG``). y may exceed 2^31 elements (TMA coordinates
+    and the statistics' offsets stay below M).
 
     Returns ``(y [M, N] a.dtype, mean [M] fp32, rstd [M] fp32)`` with population variance,
-    ``rstd = rsqrt(var + eps)``. Raises TypeError (non-tensors, dtypes, config type) and ValueError (ranks,
-    shapes, alignment, contiguity, devices, eps, config values, and a config that cannot hold the row: see
-    ``launch_params``). Source: the PyTorch blog "Towards Free Normalization" (naive fusion),
+    ``rstd = rsqrt(var + eps)``. Raises NotImplementedError for inputs that require grad with grad mode on
+    (forward only), TypeError (non-tensors, dtypes, config type) and ValueError (ranks, shapes, alignment,
+    contiguity, devices, eps, a config that cannot hold the row: see ``launch_params``) through
+    ``normfuse.techniques.naive_fusion.check_inputs``, and ``normfuse.tiling.ConfigError`` for bad config
+    values or keys. Source: the PyTorch blog "Towards Free Normalization" (naive fusion),
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ .
     """
+    check_forward_only("naive_fusion.matmul_layernorm", a=a, b=b, weight=weight, bias=bias)
     return _launch(a, b, weight, bias, eps, config, "layernorm")
 
 
@@ -465,6 +444,7 @@ def matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None
     """Fused ``y = rms_norm(a @ b) (* weight)`` over the last dim, ``rstd = rsqrt(mean(acc^2) + eps)`` from the fp32
     accumulator. Inputs, ``config`` and errors as ``matmul_layernorm`` (no bias). Returns
     ``(y [M, N] a.dtype, rstd [M] fp32)``. Source: as ``matmul_layernorm``."""
+    check_forward_only("naive_fusion.matmul_rmsnorm", a=a, b=b, weight=weight)
     y, _, rstd = _launch(a, b, weight, None, eps, config, "rmsnorm")
     return y, rstd
 

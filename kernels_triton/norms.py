@@ -72,9 +72,9 @@ import triton
 import triton.language as tl
 
 from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index, _interpreting
-from normfuse.techniques.lazy_prenorm import DTYPES
 from normfuse.techniques.norms import check_inputs
 from normfuse.tiling import TilingConfigBase
+from normfuse.validate import check_eps, check_forward_only
 
 __all__ = [
     "OPS",
@@ -335,23 +335,12 @@ def launch_params(M: int, N: int, dtype: torch.dtype, config=None, *, num_sms: i
                 PERSISTENT=cfg.PERSISTENT, n_tiles=n_tiles, grid=(programs,))
 
 
-def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    return float(eps)
-
-
 def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
     """Validate, resolve the config, allocate outputs and build the launch arguments."""
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     M, N = check_inputs(x, weight, bias, eps)
-    for name, v in (("weight", weight), ("bias", bias)):
-        if v is not None and v.dtype not in DTYPES.values():
-            raise TypeError(f"{name} must be bf16, fp16 or fp32, got {v.dtype}")
-        if v is not None and not v.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
     cfg = _as_config(config)
     if launch and x.device.type != "cuda" and not _interpreting():
         raise ValueError(f"inputs must be CUDA tensors (got device {x.device}); CPU tensors run only under "
@@ -386,14 +375,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     ``rstd = rsqrt(mean(x^2) + eps)`` and ``y = x * rstd (* weight)``, fp32 math.
 
     ``x [M, N]``: row-major contiguous bf16/fp16/fp32 on a CUDA device (CPU tensors only under
-    ``TRITON_INTERPRET=1``, fp16/fp32); any M, N >= 1. ``weight [N]`` or None (any of the three dtypes, same
-    device; read in fp32). ``eps``: finite float > 0. ``config``: dict, ``TilingConfig`` or None
-    (``DEFAULT_CONFIG``: whole row, auto rows/warps).
+    ``TRITON_INTERPRET=1``, fp16/fp32); any M, N >= 1; any data pointer (a view with a storage offset gets
+    Triton's unaligned specialization: scalar instead of 16-byte accesses). ``weight [N]`` or None (x's dtype
+    and device, contiguous; read in fp32). ``eps``: finite float > 0. ``config``: dict, ``TilingConfig`` or None
+    (``DEFAULT_CONFIG``: whole row, auto rows/warps). Row offsets are int64: x may exceed 2^31 elements.
 
-    Raises TypeError (non-tensors, dtypes, config type) and ValueError (rank, contiguity, shapes, devices, eps,
-    bad config values; CPU tensors outside the interpreter, naming CUDA) via
-    ``normfuse.techniques.norms.check_inputs`` and ``TilingConfig``. Sources: module docstring.
+    Raises NotImplementedError when autograd would record through it (grad mode on and an input requires grad:
+    forward only), TypeError (non-tensors, dtypes, a weight of another dtype, config type), ValueError (rank,
+    contiguity, shapes, devices, eps, CPU tensors outside the interpreter, naming CUDA) via
+    ``normfuse.techniques.norms.check_inputs`` and ``normfuse.validate``, and ``normfuse.tiling.ConfigError`` (a
+    ValueError) for an unknown config key or a bad value. Sources: module docstring.
     """
+    check_forward_only("norms.rms_norm", x=x, weight=weight)
     y, _, rstd = _launch("rms_norm", x, weight, None, eps, config)
     return y, rstd
 
@@ -406,6 +399,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
 
     Inputs, config and errors as ``rms_norm``; ``bias [N]`` or None like ``weight``. Sources: module docstring.
     """
+    check_forward_only("norms.layer_norm", x=x, weight=weight, bias=bias)
     return _launch("layer_norm", x, weight, bias, eps, config)
 
 

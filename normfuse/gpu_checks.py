@@ -3,13 +3,18 @@
 ``check_all(dsl, technique)`` runs each config of the technique's tiling list for ``dsl`` through the worker's
 check (fresh random inputs, NaN-poisoned allocator, fp32 reference, flash-attention tolerance) at the odd shapes
 below and returns the failures. A config that rejects a shape by design (ValueError, e.g. a TLX cluster too small
-for the row) is skipped, as the sweep records it as ``unsupported``. Sweep points are additionally checked at their
-benchmark shape before being timed.
+for the row) is skipped, as the sweep records it as ``unsupported``; but a check must check something: a shipped
+config that every point skipped, or a check with no config at all, is a failure (``_uncovered``), and so is a
+``normfuse.tiling.ConfigError`` (a shipped config with an unknown key or a bad value is a mistake, not a
+shape the config does not serve). Sweep points are additionally checked at their benchmark shape before being
+timed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from normfuse.tiling import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "tiling"
 # (M, N, K): M = 1, K and N not multiples of any block, a block-aligned shape, and more tiles than SMs
@@ -72,6 +77,16 @@ def checkable_configs(dsl: str, check: str):
             yield name, cfg, impls
 
 
+def _uncovered(what: str, checked: dict) -> list[str]:
+    """Failures for a check that skipped everything it was meant to check: ``checked`` maps each shipped config
+    name to the number of points actually checked (not skipped as unsupported). No config at all, or a config
+    with 0 checked points, is a failure (a skip-everything check would otherwise pass silently)."""
+    if not checked:
+        return [f"{what}: no shipped config to check (nothing was checked)"]
+    return [f"{what}/{name}: every point was skipped as unsupported (ValueError): the config served none of the "
+            f"check's shapes, so nothing was checked" for name, n in checked.items() if n == 0]
+
+
 def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
     """Check every shipped config of ``dsl`` for ``technique`` (a ``CHECKS`` key: a technique, or a check name
     mapped to one by ``CHECK_TECHNIQUE``) at its odd shapes and input options; return failure descriptions."""
@@ -85,7 +100,9 @@ def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
     if technique == "lazy_prenorm":
         impls_default = ["fused", "gemm"]
     failures = []
+    checked: dict = {}
     for name, cfg, impls in checkable_configs(dsl, check):
+        checked[name] = 0
         for impl in impls or impls_default:
             for variant in (variants[:1] if impl in GEMM_IMPLS else variants):
                 for seed, ((M, N, K), options) in enumerate((s, o) for o in option_sets for s in shapes):
@@ -96,14 +113,17 @@ def check_all(dsl: str, technique: str = "lazy_prenorm") -> list[str]:
                            "check_only": True, "options": options}
                     try:
                         r = measure(req)
+                    except ConfigError as e:  # a mistake in the shipped config, not an unsupported shape
+                        r = {"status": "error", "error": f"ConfigError: {e}"}
                     except ValueError:  # the config does not serve this shape by design: 'unsupported'
                         continue
                     except Exception as e:  # noqa: BLE001
                         r = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+                    checked[name] += 1
                     if r["status"] != "ok":
                         failures.append(f"{dsl}/{technique}/{variant or ''}/{impl}/{name} at M={M} N={N} K={K}"
                                         + (f" {options}" if options else "") + f": {r['status']} {r.get('error', '')}")
-    return failures
+    return failures + _uncovered(f"{dsl}/{check}", checked)
 
 
 def check_norm_special_values(dsl: str, M: int = 300, N: int = 4095, eps: float = 1e-6) -> list[str]:
@@ -120,7 +140,9 @@ def check_norm_special_values(dsl: str, M: int = 300, N: int = 4095, eps: float 
     from normfuse.techniques import norms
 
     failures = []
+    checked: dict = {}
     for name, cfg, _ in checkable_configs(dsl, "norms"):
+        checked[name] = 0
         for variant in ("rmsnorm", "layernorm"):
             fn = registry.kernel_function(dsl, "norms", "norm", variant)
             try:
@@ -140,11 +162,14 @@ def check_norm_special_values(dsl: str, M: int = 300, N: int = 4095, eps: float 
                     failures.append(f"{dsl}/norms/{variant}/{name}: NaN in row 7 did not reach row 7's output")
                 if not torch.equal(out[others], clean[others]):
                     failures.append(f"{dsl}/norms/{variant}/{name}: NaN in row 7 changed other rows")
+                checked[name] += 1
+            except ConfigError as e:
+                failures.append(f"{dsl}/norms/{variant}/{name}: ConfigError: {e}")
             except ValueError:  # the config does not serve this shape by design
                 continue
             except Exception as e:  # noqa: BLE001
                 failures.append(f"{dsl}/norms/{variant}/{name}: {type(e).__name__}: {e}")
-    return failures
+    return failures + _uncovered(f"{dsl}/norms special values", checked)
 
 
 def check_fna_isolation(dsl: str, M: int = 300, H: int = 3, D: int = 128, B: int = 9, eps: float = 1e-5) -> list[str]:
@@ -158,8 +183,10 @@ def check_fna_isolation(dsl: str, M: int = 300, H: int = 3, D: int = 128, B: int
     from normfuse.techniques import fna
 
     failures = []
+    checked: dict = {}
     fn = registry.kernel_function(dsl, "fna", "fused", "gdpa")
     for name, cfg, _ in checkable_configs(dsl, "fna"):
+        checked[name] = 0
         try:
             inp = fna.make_inputs(M, H, D, dtype="bf16", device="cuda", seed=11, batch=B, edge_cases=True)
             call = lambda i: fna.kernel_call(fn, "fused", i, eps, cfg, "gdpa")()  # noqa: E731
@@ -185,11 +212,14 @@ def check_fna_isolation(dsl: str, M: int = 300, H: int = 3, D: int = 128, B: int
             seq2[int(o[2]):int(o[3])] = True
             if not torch.equal(out[~seq2], clean[~seq2]):
                 failures.append(f"{dsl}/fna/{name}: Inf in sequence 2's K changed other sequences")
+            checked[name] += 1
+        except ConfigError as e:
+            failures.append(f"{dsl}/fna/{name}: ConfigError: {e}")
         except ValueError:
             continue
         except Exception as e:  # noqa: BLE001
             failures.append(f"{dsl}/fna/{name}: {type(e).__name__}: {e}")
-    return failures
+    return failures + _uncovered(f"{dsl}/fna isolation", checked)
 
 
 def check_fna_llm_nan_isolation(dsl: str, S: int = 300, B: int = 3, H: int = 4, kv_heads: int = 2,
@@ -204,7 +234,9 @@ def check_fna_llm_nan_isolation(dsl: str, S: int = 300, B: int = 3, H: int = 4, 
     from normfuse.techniques import fna_llm
 
     failures = []
+    checked: dict = {}
     for name, cfg, _ in checkable_configs(dsl, "fna_llm"):
+        checked[name] = 0
         for variant in fna_llm.VARIANTS:
             for impl in fna_llm.IMPLS:
                 fn = registry.kernel_function(dsl, "fna_llm", impl, variant)
@@ -220,27 +252,34 @@ def check_fna_llm_nan_isolation(dsl: str, S: int = 300, B: int = 3, H: int = 4, 
                         failures.append(f"{dsl}/fna_llm/{variant}/{impl}/{name}: NaN/Inf in batch 1 did not reach it")
                     if not (torch.equal(out[0], clean[0]) and torch.equal(out[2], clean[2])):
                         failures.append(f"{dsl}/fna_llm/{variant}/{impl}/{name}: NaN/Inf in batch 1 changed batch 0/2")
+                    checked[name] += 1
+                except ConfigError as e:
+                    failures.append(f"{dsl}/fna_llm/{variant}/{impl}/{name}: ConfigError: {e}")
                 except ValueError:  # the config does not serve this shape by design
                     continue
                 except Exception as e:  # noqa: BLE001
                     failures.append(f"{dsl}/fna_llm/{variant}/{impl}/{name}: {type(e).__name__}: {e}")
-    return failures
+    return failures + _uncovered(f"{dsl}/fna_llm NaN isolation", checked)
 
 
-def check_multi_cta_determinism(dsl: str, shapes=((4096, 1000, 520), (300, 2000, 264)), repeats: int = 3,
-                                eps: float = 1e-5) -> list[str]:
+def check_multi_cta_determinism(dsl: str, shapes=((4096, 1000, 520), (300, 2000, 264), (1000, 512, 264)),
+                                repeats: int = 3, eps: float = 1e-5) -> list[str]:
     """Multi-CTA norm fusion, every shipped fused config of ``dsl``, both variants, with affine: ``repeats`` calls on
     the same inputs must give bitwise-identical y, mean and rstd (the cross-CTA exchange sums partials in a fixed
-    order, never in arrival order). Returns failure descriptions (empty when all pass)."""
+    order, never in arrival order). N = 512 is there for the 2-CTA cluster, which serves neither 1000 nor 2000
+    (it was skipped entirely before). Returns failure descriptions (empty when all pass; a config checked at no
+    shape is one)."""
     import torch
 
     from normfuse import registry
     from normfuse.techniques import multi_cta
 
     failures = []
+    checked: dict = {}
     for name, cfg, impls in checkable_configs(dsl, "multi_cta"):
         if "fused" not in (impls or ["fused"]):
             continue
+        checked[name] = 0
         for variant in multi_cta.VARIANTS:
             fn = registry.kernel_function(dsl, "multi_cta", "fused", variant)
             for M, N, K in shapes:
@@ -253,8 +292,144 @@ def check_multi_cta_determinism(dsl: str, shapes=((4096, 1000, 520), (300, 2000,
                             failures.append(f"{dsl}/multi_cta/{variant}/{name} at M={M} N={N} K={K}: not bitwise "
                                             "identical on a repeated call")
                             break
+                    checked[name] += 1
+                except ConfigError as e:
+                    failures.append(f"{dsl}/multi_cta/{variant}/{name}: ConfigError: {e}")
                 except ValueError:  # the config does not serve this shape by design
                     continue
                 except Exception as e:  # noqa: BLE001
                     failures.append(f"{dsl}/multi_cta/{variant}/{name} at M={M} N={N} K={K}: {type(e).__name__}: {e}")
-    return failures
+    return failures + _uncovered(f"{dsl}/multi_cta determinism", checked)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Bad input and edge shapes (issue 15), shared by tests/test_bad_inputs_gemm.py and tests/tlx/.
+# ------------------------------------------------------------------------------------------------------------
+# technique -> (M, N, K) shapes whose output (norms: x and y) has more than 2^31 elements, in the order tried: the
+# first one the DSL's default config serves is checked. 262144 x 8200 is the shape of issue 15 (Helion's
+# multi-CTA kernel raised IndexOffsetOutOfRangeForInt32); N = 1024 is what TLX's default 4-CTA cluster covers.
+LARGE_SHAPES = {
+    "norms": [(131073, 16384, None)],
+    "naive_fusion": [(2**23 + 64, 256, 64)],
+    "multi_cta": [(262144, 8200, 64), (2**21 + 64, 1024, 64)],
+    "lazy_prenorm": [(2**21 + 64, 1024, 64)],
+}
+LARGE_IMPL = {"norms": "norm", "naive_fusion": "fused", "multi_cta": "fused", "lazy_prenorm": "fused"}
+
+
+def _rows_of(technique: str, inputs: dict, sl: slice) -> dict:
+    """The inputs of rows ``sl`` only (rows are independent in every technique here): x or a sliced, the rest
+    shared (a cached GEMM output ``c`` is dropped, it is recomputed for the rows)."""
+    key = "x" if technique == "norms" else "a"
+    part = {k: v for k, v in inputs.items() if k != "c"}
+    part[key] = inputs[key][sl]
+    return part
+
+
+def check_large_output(dsl: str, technique: str, variant: str, rows: int = 256, eps: float = 1e-5) -> list[str]:
+    """``technique``'s fused kernel (norms: the norm) of ``dsl`` with its default config on an output past 2^31
+    elements (``LARGE_SHAPES``; element offsets overflow int32 there): no error, and its first 64 and last ``rows``
+    rows (whose offsets lie beyond 2^31) pass the technique's check against the fp32 reference. Returns failure
+    descriptions; a DSL whose default config serves none of the shapes is one."""
+    import torch
+
+    from normfuse import registry
+    from normfuse.techniques import get_technique
+
+    spec = get_technique(technique)
+    impl = LARGE_IMPL[technique]
+    fn = registry.kernel_function(dsl, technique, impl, variant)
+    for M, N, K in LARGE_SHAPES[technique]:
+        where = f"{dsl}/{technique}/{variant} at M={M} N={N} K={K}"
+        opts = {"variant": variant} if technique == "lazy_prenorm" else {}
+        inputs = out = None
+        try:
+            inputs = spec.make_inputs(M, N, K, dtype="bf16", device="cuda", seed=5, **opts)
+            out = spec.kernel_call(fn, impl, inputs, eps, {}, variant)()
+            torch.cuda.synchronize()
+        except ConfigError as e:
+            return [f"{where}: ConfigError: {e}"]
+        except ValueError:  # the default config does not serve this shape: try the next one
+            del inputs, out
+            torch.cuda.empty_cache()
+            continue
+        except Exception as e:  # noqa: BLE001
+            return [f"{where}: {type(e).__name__}: {e}"]
+        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        failures = []
+        if outs[0].numel() <= 2**31:
+            failures.append(f"{where}: the output has only {outs[0].numel()} elements (not past 2^31)")
+        for sl in (slice(0, 64), slice(M - rows, M)):
+            part_out = outs[0][sl] if len(outs) == 1 else tuple(t[sl] for t in outs)
+            res = spec.check(impl, part_out, _rows_of(technique, inputs, sl), eps, variant)
+            if not res["ok"]:
+                failures.append(f"{where}, rows {sl.start}..{sl.stop}: {res}")
+        del inputs, out, outs
+        torch.cuda.empty_cache()
+        return failures
+    return [f"{dsl}/{technique}/{variant}: the default config served none of {LARGE_SHAPES[technique]}: nothing "
+            "was checked"]
+
+
+# check -> (shapes tried in order until the config serves one, make_inputs options besides mean_shift, shifts).
+# Every LayerNorm path: standalone (whole-row and looped), naive-fusion epilogue, Multi-CTA (full row and the
+# cross-tile merges), and Lazy LayerNorm within its documented limit (|mean| <= 100 std, lazy_prenorm docstring).
+MEAN_SHIFT_CHECKS = {
+    "norms": ([(64, 16392, None), (300, 4095, None)], {"affine": True}, (10.0, 1000.0)),
+    "naive_fusion": ([(1000, 256, 128), (257, 72, 64)], {"affine": True}, (10.0, 1000.0)),
+    "multi_cta": ([(300, 1000, 264), (257, 512, 72), (129, 200, 64)], {"affine": True}, (10.0, 1000.0)),
+    "lazy_prenorm_ln": ([(1000, 264, 520), (4096, 1024, 512)], {"variant": "layernorm"}, (10.0, 100.0)),
+}
+_LN_IMPL = {"norms": "norm", "naive_fusion": "fused", "multi_cta": "fused", "lazy_prenorm": "fused"}
+
+
+def check_mean_shifted(dsl: str, check: str, name: str, eps: float = 1e-5) -> list[str]:
+    """The LayerNorm variant of the shipped config ``name`` (tiling file of ``check``, a ``MEAN_SHIFT_CHECKS``
+    key) on rows whose mean is many standard deviations (``mean_shift`` of the technique's ``make_inputs``: up to
+    1000 for the post-norm paths, 100 for Lazy LayerNorm), bf16, checked by the technique's spec against the fp32
+    reference with the flash-attention (3-way) tolerance, statistics included. The first of the check's shapes
+    that the config serves is used. Returns failure descriptions; a config that serves none is one."""
+    import torch
+
+    from normfuse import registry
+    from normfuse.techniques import get_technique
+
+    technique = CHECK_TECHNIQUE.get(check, check)
+    spec = get_technique(technique)
+    impl = _LN_IMPL[technique]
+    shapes, options, shifts = MEAN_SHIFT_CHECKS[check]
+    cfg = {n: c for n, c, _ in checkable_configs(dsl, check)}.get(name)
+    if cfg is None:
+        return [f"{dsl}/{check}: no shipped config named {name!r}"]
+    fn = registry.kernel_function(dsl, technique, impl, "layernorm")
+    for M, N, K in shapes:
+        failures = []
+        try:
+            for shift in shifts:
+                inputs = spec.make_inputs(M, N, K, dtype="bf16", device="cuda", seed=int(shift) + 17,
+                                          mean_shift=shift, **options)
+                out = spec.kernel_call(fn, impl, inputs, eps, cfg, "layernorm")()
+                res = spec.check(impl, out, inputs, eps, "layernorm")
+                if not res["ok"]:
+                    failures.append(f"{dsl}/{check}/{name} at M={M} N={N} K={K}, mean_shift={shift}: {res}")
+            torch.cuda.synchronize()
+        except ConfigError as e:
+            return [f"{dsl}/{check}/{name}: ConfigError: {e}"]
+        except ValueError:  # the config does not serve this shape by design: try the next one
+            continue
+        except Exception as e:  # noqa: BLE001
+            return [f"{dsl}/{check}/{name} at M={M} N={N} K={K}: {type(e).__name__}: {e}"]
+        return failures
+    return [f"{dsl}/{check}/{name}: served none of {shapes}: nothing was checked"]
+
+
+def mean_shift_params(dsls=("triton", "helion")) -> list[tuple[str, str, str]]:
+    """``(dsl, check, config name)`` of every shipped LayerNorm-capable config of ``MEAN_SHIFT_CHECKS`` (reads the
+    tiling files only: usable at test collection)."""
+    out = []
+    for dsl in dsls:
+        for check in MEAN_SHIFT_CHECKS:
+            for name, _, impls in checkable_configs(dsl, check):
+                if "gemm" not in (impls or []) or "fused" in (impls or []):
+                    out.append((dsl, check, name))
+    return out

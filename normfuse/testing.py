@@ -56,3 +56,308 @@ def run_python_json(code: str, *argv: str, env: dict | None = None, timeout: flo
         pytest.fail(f"subprocess failed (rc={proc.returncode})\n--- stdout\n{proc.stdout[-4000:]}\n"
                     f"--- stderr\n{proc.stderr[-6000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# One contract across DSLs (issue 15): the same call is accepted or rejected the same way in Triton, Helion and
+# TLX. The cases are data, shared by the CPU tests of both environments (tests/test_bad_inputs_gemm.py runs them
+# in the Triton interpreter and Helion's ref mode, tests/tlx/test_bad_inputs_gemm_tlx.py against TLX) and by the
+# GPU tests (normfuse.gpu_checks.check_contract).
+# ------------------------------------------------------------------------------------------------------------
+def misaligned(t: torch.Tensor, offset_elems: int = 1) -> torch.Tensor:
+    """A contiguous copy of ``t`` whose data pointer lies ``offset_elems`` elements past a 16-byte boundary: a
+    view with a storage offset (2 bytes off for bf16/fp16, 4 for fp32), what slicing a larger buffer gives."""
+    buf = torch.empty(t.numel() + 16 // t.element_size() + offset_elems, dtype=t.dtype, device=t.device)
+    start = (-buf.data_ptr() % 16) // t.element_size() + offset_elems
+    view = buf[start:start + t.numel()].view(t.shape)
+    view.copy_(t.detach())
+    assert view.data_ptr() % 16 == (offset_elems * t.element_size()) % 16 and view.is_contiguous()
+    return view
+
+
+class ContractCase:
+    """One call of a technique's public wrapper: ``fn`` (its name in every ``kernels_<dsl>/<technique>.py``),
+    ``build(dtype, device) -> (args, kwargs)``, the expected outcome ``error`` (an exception class name:
+    "TypeError", "ValueError", "NotImplementedError", "ConfigError"; None = accepted) and ``match``, a regex the
+    error message must contain (it must name the violated constraint)."""
+
+    def __init__(self, id: str, fn: str, build, error: str | None = None, match: str = ""):
+        self.id, self.fn, self.build, self.error, self.match = id, fn, build, error, match
+
+    def __repr__(self) -> str:
+        return f"ContractCase({self.id})"
+
+
+# shapes every default config of every DSL serves (TLX multi-CTA's default 4-CTA cluster: 104 <= N <= 1024)
+CONTRACT_GEMM = (40, 128, 64)  # M, N, K
+CONTRACT_NORM = (8, 128)  # M, N
+_BAD_EPS = {"eps_none": None, "eps_zero": 0.0, "eps_negative": -1e-5, "eps_nan": float("nan"), "eps_bool": True,
+            "eps_str": "1e-5"}
+
+
+def _rand(shape, dtype, device, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().requires_grad_(True)
+
+
+def _norm_cases() -> list[ContractCase]:
+    M, N = CONTRACT_NORM
+
+    def inputs(dtype, device):
+        return _rand((M, N), dtype, device, 1), _rand((N,), dtype, device, 2, 0.1) + 1, _rand((N,), dtype, device, 3)
+
+    def ln(mutate=lambda x, w, b, kw: (x, w, b, kw), **kw):
+        def build(dtype, device):
+            x, w, b = inputs(dtype, device)
+            x, w, b, kw2 = mutate(x, w, b, dict(kw))
+            return (x, w, b), {"eps": 1e-5, **kw2}
+        return build
+
+    def rms(mutate=lambda x, w, kw: (x, w, kw)):
+        def build(dtype, device):
+            x, w, _ = inputs(dtype, device)
+            x, w, kw = mutate(x, w, {})
+            return (x, w), {"eps": 1e-6, **kw}
+        return build
+
+    cases = [
+        ContractCase("valid", "layer_norm", ln()),
+        ContractCase("valid_rms", "rms_norm", rms()),
+        ContractCase("no_affine", "layer_norm", ln(lambda x, w, b, kw: (x, None, None, kw))),
+        ContractCase("weight_fp32", "layer_norm", ln(lambda x, w, b, kw: (x, w.float(), b, kw)), "TypeError",
+                     "weight must have x's dtype"),
+        ContractCase("bias_fp32", "layer_norm", ln(lambda x, w, b, kw: (x, w, b.float(), kw)), "TypeError",
+                     "bias must have x's dtype"),
+        ContractCase("rms_weight_fp32", "rms_norm", rms(lambda x, w, kw: (x, w.float(), kw)), "TypeError",
+                     "weight must have x's dtype"),
+        ContractCase("weight_shape", "layer_norm", ln(lambda x, w, b, kw: (x, w[:-8].contiguous(), b, kw)),
+                     "ValueError", r"weight must have shape \[N\]"),
+        ContractCase("weight_strided", "layer_norm",
+                     ln(lambda x, w, b, kw: (x, torch.stack([w, w], 1).reshape(-1)[::2], b, kw)), "ValueError",
+                     "weight must be contiguous"),
+        ContractCase("x_int", "layer_norm", ln(lambda x, w, b, kw: (x.to(torch.int32), None, None, kw)), "TypeError",
+                     "x must be bf16, fp16 or fp32"),
+        ContractCase("x_3d", "layer_norm", ln(lambda x, w, b, kw: (x[None], w, b, kw)), "ValueError", "2-D"),
+        ContractCase("x_strided", "layer_norm", ln(lambda x, w, b, kw: (torch.cat([x, x], 1)[:, ::2], w, b, kw)),
+                     "ValueError", "contiguous"),
+        ContractCase("x_no_rows", "layer_norm", ln(lambda x, w, b, kw: (x[:0], w, b, kw)), "ValueError",
+                     "M must be a positive integer"),
+        ContractCase("misaligned_x", "layer_norm", ln(lambda x, w, b, kw: (misaligned(x), w, b, kw))),
+        ContractCase("misaligned_x_rms", "rms_norm", rms(lambda x, w, kw: (misaligned(x), w, kw))),
+        ContractCase("misaligned_weight", "layer_norm", ln(lambda x, w, b, kw: (x, misaligned(w), misaligned(b), kw))),
+        ContractCase("x_requires_grad", "layer_norm", ln(lambda x, w, b, kw: (_grad(x), w, b, kw)),
+                     "NotImplementedError", "forward-only"),
+        ContractCase("weight_requires_grad", "rms_norm", rms(lambda x, w, kw: (x, _grad(w), kw)),
+                     "NotImplementedError", "forward-only"),
+        ContractCase("config_unknown_key", "layer_norm", ln(config={"BLOCK_Q": 64}), "ConfigError", "unknown"),
+    ]
+    for name, eps in _BAD_EPS.items():
+        cases.append(ContractCase(name, "layer_norm", ln(eps=eps), "ValueError", "eps must be a finite number"))
+    cases.append(ContractCase("rms_eps_none", "rms_norm", rms(lambda x, w, kw: (x, w, {"eps": None})), "ValueError",
+                              "eps must be a finite number"))
+    return cases
+
+
+def _post_norm_cases() -> list[ContractCase]:
+    """``matmul_layernorm(a, b, weight, bias, eps=, config=)`` / ``matmul_rmsnorm(a, b, weight, eps=, config=)``:
+    naive fusion and Multi-CTA norm fusion share this contract."""
+    M, N, K = CONTRACT_GEMM
+
+    def inputs(dtype, device):
+        a = _rand((M, K), dtype, device, 1)
+        b = _rand((K, N), dtype, device, 2, K ** -0.5)
+        return a, b, _rand((N,), dtype, device, 3, 0.1) + 1, _rand((N,), dtype, device, 4, 0.1)
+
+    def ln(mutate=lambda a, b, w, c, kw: (a, b, w, c, kw), **kw):
+        def build(dtype, device):
+            a, b, w, c = inputs(dtype, device)
+            a, b, w, c, kw2 = mutate(a, b, w, c, dict(kw))
+            return (a, b, w, c), {"eps": 1e-5, **kw2}
+        return build
+
+    def rms(mutate=lambda a, b, w, kw: (a, b, w, kw)):
+        def build(dtype, device):
+            a, b, w, _ = inputs(dtype, device)
+            a, b, w, kw = mutate(a, b, w, {})
+            return (a, b, w), {"eps": 1e-6, **kw}
+        return build
+
+    other = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float16}
+    cases = [
+        ContractCase("valid", "matmul_layernorm", ln()),
+        ContractCase("valid_rms", "matmul_rmsnorm", rms()),
+        ContractCase("no_affine", "matmul_layernorm", ln(lambda a, b, w, c, kw: (a, b, None, None, kw))),
+        ContractCase("weight_fp32", "matmul_layernorm", ln(lambda a, b, w, c, kw: (a, b, w.float(), c, kw)),
+                     "TypeError", "weight must have a's dtype"),
+        ContractCase("bias_fp32", "matmul_layernorm", ln(lambda a, b, w, c, kw: (a, b, w, c.float(), kw)),
+                     "TypeError", "bias must have a's dtype"),
+        ContractCase("rms_weight_fp32", "matmul_rmsnorm", rms(lambda a, b, w, kw: (a, b, w.float(), kw)),
+                     "TypeError", "weight must have a's dtype"),
+        ContractCase("weight_shape", "matmul_layernorm", ln(lambda a, b, w, c, kw: (a, b, w[:-8].contiguous(), c, kw)),
+                     "ValueError", r"weight must have shape \[N\]"),
+        ContractCase("bias_strided", "matmul_layernorm",
+                     ln(lambda a, b, w, c, kw: (a, b, w, torch.stack([c, c], 1).reshape(-1)[::2], kw)), "ValueError",
+                     "bias must be contiguous"),
+        ContractCase("mixed_dtypes", "matmul_layernorm", ln(lambda a, b, w, c, kw: (a, b.to(other[b.dtype]), w, c, kw)),
+                     "TypeError", "share one dtype"),
+        ContractCase("int_dtype", "matmul_rmsnorm",
+                     rms(lambda a, b, w, kw: (a.to(torch.int32), b.to(torch.int32), None, kw)), "TypeError",
+                     "share one dtype"),
+        ContractCase("inner_mismatch", "matmul_layernorm", ln(lambda a, b, w, c, kw: (a[:, :K - 8].contiguous(), b, w,
+                                                                                       c, kw)),
+                     "ValueError", "inner dimensions"),
+        ContractCase("n_not_multiple_of_8", "matmul_rmsnorm", rms(lambda a, b, w, kw: (a, b[:, :N - 4].contiguous(),
+                                                                                        None, kw)),
+                     "ValueError", "multiple of 8"),
+        ContractCase("a_strided", "matmul_layernorm", ln(lambda a, b, w, c, kw: (torch.cat([a, a], 1)[:, ::2], b, w,
+                                                                                  c, kw)),
+                     "ValueError", "contiguous"),
+        ContractCase("a_no_rows", "matmul_layernorm", ln(lambda a, b, w, c, kw: (a[:0], b, w, c, kw)), "ValueError",
+                     "M must be a positive integer"),
+        ContractCase("a_3d", "matmul_layernorm", ln(lambda a, b, w, c, kw: (a[None], b, w, c, kw)), "ValueError",
+                     "2-D"),
+        # a and b feed TMA descriptors in every DSL: a 2-byte offset is rejected before anything is launched
+        ContractCase("misaligned_a", "matmul_layernorm", ln(lambda a, b, w, c, kw: (misaligned(a), b, w, c, kw)),
+                     "ValueError", "a must start at a 16-byte aligned address"),
+        ContractCase("misaligned_b", "matmul_rmsnorm", rms(lambda a, b, w, kw: (a, misaligned(b), w, kw)),
+                     "ValueError", "b must start at a 16-byte aligned address"),
+        # the affine vectors are plain loads everywhere: any data pointer works
+        ContractCase("misaligned_affine", "matmul_layernorm",
+                     ln(lambda a, b, w, c, kw: (a, b, misaligned(w), misaligned(c), kw))),
+        ContractCase("a_requires_grad", "matmul_layernorm", ln(lambda a, b, w, c, kw: (_grad(a), b, w, c, kw)),
+                     "NotImplementedError", "forward-only"),
+        ContractCase("weight_requires_grad", "matmul_rmsnorm", rms(lambda a, b, w, kw: (a, b, _grad(w), kw)),
+                     "NotImplementedError", "forward-only"),
+        ContractCase("config_unknown_key", "matmul_layernorm", ln(config={"BLOCK_Q": 64}), "ConfigError", "unknown"),
+    ]
+    for name, eps in _BAD_EPS.items():
+        cases.append(ContractCase(name, "matmul_layernorm", ln(eps=eps), "ValueError", "eps must be a finite number"))
+    cases.append(ContractCase("rms_eps_none", "matmul_rmsnorm", rms(lambda a, b, w, kw: (a, b, w, {"eps": None})),
+                              "ValueError", "eps must be a finite number"))
+    return cases
+
+
+def _lazy_cases() -> list[ContractCase]:
+    """``matmul(a, b)``, ``lazy_rmsnorm_matmul(a, b_folded, eps=)``, ``lazy_layernorm_matmul(a, b_folded, colsum,
+    beta_b, eps=)``."""
+    M, N, K = CONTRACT_GEMM
+
+    def inputs(dtype, device):
+        a = _rand((M, K), dtype, device, 1)
+        b = _rand((K, N), dtype, device, 2, K ** -0.5)
+        return a, b, b.float().sum(0), _rand((N,), torch.float32, device, 3, 0.1)
+
+    def call(fn, mutate=lambda a, b, cs, bb, kw: (a, b, cs, bb, kw), **kw):
+        def build(dtype, device):
+            a, b, cs, bb = inputs(dtype, device)
+            a, b, cs, bb, kw2 = mutate(a, b, cs, bb, dict(kw))
+            if fn == "matmul":
+                return (a, b), kw2
+            if fn == "lazy_rmsnorm_matmul":
+                return (a, b), {"eps": 1e-6, **kw2}
+            return (a, b, cs, bb), {"eps": 1e-5, **kw2}
+        return build
+
+    cases = [
+        ContractCase("valid_gemm", "matmul", call("matmul")),
+        ContractCase("valid_rms", "lazy_rmsnorm_matmul", call("lazy_rmsnorm_matmul")),
+        ContractCase("valid_ln", "lazy_layernorm_matmul", call("lazy_layernorm_matmul")),
+        ContractCase("misaligned_a", "lazy_rmsnorm_matmul",
+                     call("lazy_rmsnorm_matmul", lambda a, b, cs, bb, kw: (misaligned(a), b, cs, bb, kw)), "ValueError",
+                     "a must start at a 16-byte aligned address"),
+        ContractCase("misaligned_b_gemm", "matmul",
+                     call("matmul", lambda a, b, cs, bb, kw: (a, misaligned(b), cs, bb, kw)), "ValueError",
+                     "b must start at a 16-byte aligned address"),
+        ContractCase("misaligned_vectors", "lazy_layernorm_matmul",
+                     call("lazy_layernorm_matmul", lambda a, b, cs, bb, kw: (a, b, misaligned(cs), misaligned(bb), kw))),
+        ContractCase("colsum_half", "lazy_layernorm_matmul",
+                     call("lazy_layernorm_matmul", lambda a, b, cs, bb, kw: (a, b, cs.to(a.dtype), bb, kw)),
+                     "TypeError", "colsum must be float32"),
+        ContractCase("mixed_dtypes", "lazy_rmsnorm_matmul",
+                     call("lazy_rmsnorm_matmul", lambda a, b, cs, bb, kw: (a, b.to(torch.float32 if b.dtype != torch.float32
+                                                                                    else torch.float16), cs, bb, kw)),
+                     "TypeError", "share one dtype"),
+        ContractCase("a_requires_grad", "lazy_rmsnorm_matmul",
+                     call("lazy_rmsnorm_matmul", lambda a, b, cs, bb, kw: (_grad(a), b, cs, bb, kw)),
+                     "NotImplementedError", "forward-only"),
+        ContractCase("b_requires_grad_gemm", "matmul",
+                     call("matmul", lambda a, b, cs, bb, kw: (a, _grad(b), cs, bb, kw)), "NotImplementedError",
+                     "forward-only"),
+        ContractCase("colsum_requires_grad", "lazy_layernorm_matmul",
+                     call("lazy_layernorm_matmul", lambda a, b, cs, bb, kw: (a, b, _grad(cs), bb, kw)),
+                     "NotImplementedError", "forward-only"),
+        ContractCase("config_unknown_key", "lazy_rmsnorm_matmul", call("lazy_rmsnorm_matmul", config={"BLOCK_Q": 64}),
+                     "ConfigError", "unknown"),
+        ContractCase("gemm_config_unknown_key", "matmul", call("matmul", config={"BLOCK_Q": 64}), "ConfigError",
+                     "unknown"),
+    ]
+    for name, eps in _BAD_EPS.items():
+        cases.append(ContractCase(name, "lazy_rmsnorm_matmul", call("lazy_rmsnorm_matmul", eps=eps), "ValueError",
+                                  "eps must be a finite number"))
+    cases.append(ContractCase("ln_eps_none", "lazy_layernorm_matmul", call("lazy_layernorm_matmul", eps=None),
+                              "ValueError", "eps must be a finite number"))
+    return cases
+
+
+CONTRACT_TECHNIQUES = ("norms", "naive_fusion", "multi_cta", "lazy_prenorm")
+
+
+def contract_cases(technique: str) -> list[ContractCase]:
+    """The contract of ``technique``'s public wrappers as a list of calls with their expected outcome."""
+    if technique == "norms":
+        return _norm_cases()
+    if technique in ("naive_fusion", "multi_cta"):
+        return _post_norm_cases()
+    if technique == "lazy_prenorm":
+        return _lazy_cases()
+    raise ValueError(f"no contract cases for {technique!r}; choices: {', '.join(CONTRACT_TECHNIQUES)}")
+
+
+def _outputs(out) -> tuple:
+    return (out,) if isinstance(out, torch.Tensor) else tuple(t for t in out if t is not None)
+
+
+def run_contract(module, technique: str, *, dtype: torch.dtype, device: str = "cpu",
+                 launch_error: str | None = None, only=None) -> dict[str, str]:
+    """Run every contract case of ``technique`` (or those whose id passes ``only``) against ``module`` (a
+    ``kernels_<dsl>.<technique>`` module) with ``dtype`` inputs on ``device``; return ``{case id: failure}`` with
+    ``""`` for a case the module keeps. A case fails when the outcome's exception class differs from the expected
+    one, when the message misses ``match``, or, for an accepted call on misaligned inputs, when its outputs differ
+    from the same call on aligned copies (a misaligned view must be handled, not computed wrong). With
+    ``launch_error`` (a regex), a ValueError matching it counts as accepted: the call was validated and then
+    refused only for the device (TLX on a machine without a GPU). On CUDA every case ends with a synchronize: an
+    input must never cost the process its CUDA context."""
+    import re
+
+    results = {}
+    for case in contract_cases(technique):
+        if only is not None and not only(case.id):
+            continue
+        fn = getattr(module, case.fn)
+        args, kwargs = case.build(dtype, device)
+        try:
+            out = fn(*args, **kwargs)
+            got, msg = None, ""
+        except Exception as e:  # noqa: BLE001  (the outcome is what the test compares)
+            out, got, msg = None, type(e).__name__, str(e)
+            if launch_error is not None and got == "ValueError" and re.search(launch_error, msg):
+                got, msg = None, ""
+        failure = ""
+        if got != case.error or (case.error and not re.search(case.match, msg)):
+            failure = (f"{module.__name__}.{case.fn} [{case.id}]: expected {case.error or 'accepted'}"
+                       f"{' matching ' + repr(case.match) if case.error else ''}, got {got or 'accepted'}"
+                       f"{': ' + msg[:300] if msg else ''}")
+        elif out is not None and case.id.startswith("misaligned"):
+            again = _outputs(fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], **kwargs))
+            for i, (x, y) in enumerate(zip(_outputs(out), again)):
+                if not torch.allclose(x.float(), y.float(), rtol=1e-3, atol=1e-3, equal_nan=True):
+                    failure = (f"{module.__name__}.{case.fn} [{case.id}]: output {i} on the misaligned view differs "
+                               f"from the aligned call (max diff {(x.float() - y.float()).abs().max().item():.3g})")
+        if device == "cuda":
+            torch.cuda.synchronize()
+        results[case.id] = failure
+    return results

@@ -7,10 +7,18 @@ import dataclasses
 from collections.abc import Mapping
 
 
+class ConfigError(ValueError):
+    """A tiling config that is wrong in itself, whatever the shape: an unknown key or a bad value. Not the same
+    as a config that cannot serve one shape (registers, shared memory, cluster coverage: a plain ValueError,
+    recorded ``unsupported``): a ConfigError is a mistake in the configuration that should stop a sweep.
+    Subclasses ValueError, so callers that catch ValueError keep working."""
+
+
 def config_from_mapping(cls, d):
     """``cls()`` for None, ``d`` itself for an instance of ``cls``, else ``cls(**d)`` with lists turned into
-    tuples (configs are frozen and hashable). Raises TypeError for anything else and ValueError naming the
-    valid keys for an unknown key; the dataclass's own ``__post_init__`` checks the values."""
+    tuples (configs are frozen and hashable). Raises TypeError for anything else (not a mapping), and
+    ``ConfigError`` naming the valid keys for an unknown key, or carrying the dataclass's own message for a bad
+    value (``__post_init__`` checks the values; its ValueError or TypeError becomes a ConfigError)."""
     if d is None:
         return cls()
     if isinstance(d, cls):
@@ -20,8 +28,13 @@ def config_from_mapping(cls, d):
     valid = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(str(k) for k in d if k not in valid)
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} key(s) {unknown}; valid keys: {', '.join(valid)}")
-    return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
+        raise ConfigError(f"unknown {cls.__name__} key(s) {unknown}; valid keys: {', '.join(valid)}")
+    try:
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"invalid {cls.__name__} {dict(d)}: {e}") from e
 
 
 class TilingConfigBase:
@@ -31,8 +44,8 @@ class TilingConfigBase:
     @classmethod
     def from_dict(cls, d):
         """Build a config from None (defaults), an instance (returned as is) or a mapping of field overrides
-        (lists become tuples). ValueError for an unknown key (listing the valid keys) or a value that breaks a
-        constraint (checked by the dataclass), TypeError for anything else."""
+        (lists become tuples). ``ConfigError`` (a ValueError) for an unknown key (listing the valid keys) or a
+        value that breaks a constraint (checked by the dataclass), TypeError for anything else."""
         return config_from_mapping(cls, d)
 
     def to_dict(self) -> dict:

@@ -73,3 +73,30 @@ def chunks(n: int, limit: int = MAX_GRID_YZ) -> list[tuple[int, int]]:
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     return [(i, min(i + limit, n)) for i in range(0, n, limit)]
+
+
+def numel_needs_int64(*numels: int) -> bool:
+    """``needs_int64`` for tensors that do not exist yet (a kernel's outputs, allocated inside it): True when any
+    of the element counts ``numels`` exceeds int32, so that an element offset into it can overflow."""
+    return any(int(n) > INT32_MAX for n in numels)
+
+
+def check_affine(name: str, v, N: int, like: torch.Tensor, like_name: str = "x") -> None:
+    """Validate an optional affine vector (a norm's ``weight`` or ``bias``): None passes; else a contiguous tensor
+    of shape ``[N]`` with ``like``'s dtype on ``like``'s device. The dtype rule is the one contract of every DSL:
+    the output is returned in the input dtype, and the unfused PyTorch path the tolerance is measured against
+    (``F.layer_norm`` / ``F.rms_norm``) takes one dtype; cast an fp32 weight with ``.to(x.dtype)``.
+    Raises TypeError (not a tensor, another dtype) or ValueError (shape, device, layout), naming ``name``."""
+    if v is None:
+        return
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(v).__name__}")
+    if v.dtype != like.dtype:
+        raise TypeError(f"{name} must have {like_name}'s dtype {like.dtype}, got {v.dtype} "
+                        f"(cast it: {name}.to({like_name}.dtype))")
+    if tuple(v.shape) != (N,):
+        raise ValueError(f"{name} must have shape [N] = [{N}], got {tuple(v.shape)}")
+    if v.device != like.device:
+        raise ValueError(f"{name} is on {v.device}, {like_name} on {like.device}")
+    if not v.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")

@@ -161,7 +161,7 @@ def test_check_gemm_and_norm_baselines():
 # --------------------------------------------------------------------------------------------------------
 def test_check_inputs_errors():
     a, b = torch.randn(16, 32).half(), torch.randn(32, 64).half()
-    assert nf.check_inputs(a, b, torch.ones(64).half(), torch.zeros(64), eps=1e-5) == (16, 64, 32)
+    assert nf.check_inputs(a, b, torch.ones(64).half(), torch.zeros(64).half(), eps=1e-5) == (16, 64, 32)
     cases = [
         ((a, b.float()), {}, TypeError, "dtype"),
         ((a, torch.randn(16, 64).half()), {}, ValueError, "inner dimensions"),
@@ -171,6 +171,7 @@ def test_check_inputs_errors():
         ((a, b, None, torch.ones(65).half()), {}, ValueError, r"shape \[N\]"),
         ((a, b, torch.ones(64, dtype=torch.int32)), {}, TypeError, "weight"),
         ((a, b, [1.0] * 64), {}, TypeError, "weight"),
+        ((a, b, None, torch.zeros(64)), {}, TypeError, "bias must have a's dtype"),  # one dtype rule, every DSL
         ((a, b), {"eps": 0.0}, ValueError, "eps"),
         ((a, b), {"eps": True}, ValueError, "eps"),
         ((a, b), {"eps": float("nan")}, ValueError, "eps"),

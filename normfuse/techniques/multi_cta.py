@@ -23,9 +23,9 @@ Sources: "Towards Free Normalization: Fusing Normalization into GEMM and Attenti
 (Meta's code: https://github.com/facebookresearch/ads_model_kernel_library/tree/main/multi_cta_norm_fusion);
 QuACK's cluster reductions, https://github.com/Dao-AILab/quack/blob/main/media/2025-07-10-membound-sol.md .
 
-Shapes and dtypes: ``a [M, K]``, ``b [K, N]``, ``weight``/``bias`` ``[N]`` or None; bf16 on the GPU (fp16/fp32
-accepted: the CPU interpreter runs fp16/fp32). Constraints: 2-D, row-major contiguous, one dtype, K and N multiples
-of 8 (16-byte rows for TMA), M >= 1.
+Shapes and dtypes: ``a [M, K]``, ``b [K, N]``, ``weight``/``bias`` ``[N]`` in a's dtype or None; bf16 on the GPU
+(fp16/fp32 accepted: the CPU interpreter runs fp16/fp32). Constraints: 2-D, row-major contiguous, one dtype, K and N
+multiples of 8 (16-byte rows for TMA), 16-byte aligned data pointers, M >= 1 (``check_inputs``: every DSL's contract).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ import torch
 
 from normfuse.techniques import norms as _norms
 from normfuse.techniques.lazy_prenorm import DTYPES, check_shape, compare, tolerance, torch_dtype  # noqa: F401
+from normfuse.techniques.lazy_prenorm import check_inputs as _check_gemm_inputs
 from normfuse.techniques.naive_fusion import _fp32_matmul, gemm_output  # noqa: F401  (same post-norm GEMM math)
+from normfuse.validate import check_affine
 
 NAME = "multi_cta"
 VARIANTS = ("rmsnorm", "layernorm")
@@ -57,42 +59,18 @@ def _check_variant(variant) -> str:
 
 def check_inputs(a: torch.Tensor, b: torch.Tensor, weight=None, bias=None, eps=None) -> tuple[int, int, int]:
     """Validate ``a [M, K]``, ``b [K, N]`` and the optional affine ``weight``/``bias`` ``[N]``; return (M, N, K).
+    The one contract of every DSL's ``matmul_rmsnorm`` / ``matmul_layernorm``: the rules of
+    ``normfuse.techniques.lazy_prenorm.check_inputs`` for ``a``/``b`` (one dtype of bf16/fp16/fp32, 2-D, row-major
+    contiguous, 16-byte aligned, same device, K and N multiples of 8, M >= 1, eps finite > 0 when given) and
+    ``normfuse.validate.check_affine`` for the affine vectors (contiguous ``[N]`` of a's dtype on a's device).
 
     Raises TypeError for non-tensors and mixed or unsupported dtypes (the affine vectors must have a's dtype), and
-    ValueError for wrong ranks, mismatched K, non-contiguous inputs, K or N not a multiple of 8, affine vectors of
-    the wrong shape or device, tensors on different devices, or ``eps`` not a finite number > 0.
+    ValueError for wrong ranks, mismatched K, non-contiguous or misaligned inputs, K or N not a multiple of 8,
+    affine vectors of the wrong shape, device or layout, tensors on different devices, or a bad ``eps``.
     """
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        raise TypeError("a and b must be torch.Tensor")
-    if a.dtype not in DTYPES.values() or b.dtype != a.dtype:
-        raise TypeError(f"a and b must share one dtype of bf16/fp16/fp32, got {a.dtype} and {b.dtype}")
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"a and b must be 2-D, got a.dim()={a.dim()}, b.dim()={b.dim()}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} (need a[M,K] @ b[K,N])")
-    if a.device != b.device:
-        raise ValueError(f"a and b are on different devices ({a.device}, {b.device})")
-    if not (a.is_contiguous() and b.is_contiguous()):
-        raise ValueError("a and b must be row-major contiguous (call .contiguous())")
-    M, K = a.shape
-    N = b.shape[1]
-    check_shape(M, N, K)
-    for name, v in (("weight", weight), ("bias", bias)):
-        if v is None:
-            continue
-        if not isinstance(v, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None")
-        if v.dtype != a.dtype:
-            raise TypeError(f"{name} must have a's dtype {a.dtype}, got {v.dtype}")
-        if v.shape != (N,):
-            raise ValueError(f"{name} must have shape [N] = [{N}], got {tuple(v.shape)}")
-        if v.device != a.device:
-            raise ValueError(f"{name} is on {v.device}, a on {a.device}")
-        if not v.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-    if eps is not None and not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0
-                                and math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    M, N, K = _check_gemm_inputs(a, b, eps)
+    check_affine("weight", weight, N, a, "a")
+    check_affine("bias", bias, N, a, "a")
     return M, N, K
 
 

@@ -9,7 +9,8 @@ Math (fp32 statistics, output in the input dtype)::
 
 Kernels return ``y`` plus the fp32 statistics ``rstd [M]`` (and ``mean [M]`` for LayerNorm), as the fused
 kernels' backward passes need them. Shapes: ``x [M, N]`` (any M >= 1, any N >= 1: kernels mask the row tail),
-``weight``/``bias`` ``[N]`` or None. Dtypes: bf16 on the GPU; fp16/fp32 too (the CPU interpreter runs fp16/fp32).
+``weight``/``bias`` ``[N]`` of x's dtype, or None. Dtypes: bf16 on the GPU; fp16/fp32 too (the CPU interpreter
+runs fp16/fp32). Any data pointer for x (plain loads; ``check_inputs`` is every DSL's contract).
 
 Status: kernels are CPU-checked (interpreter / ref mode / sm_90 compile); GPU measurements are open work.
 Source of the comparison numbers: torch.compile (the blog's reference norm), QuACK's memory-bound kernels
@@ -18,11 +19,10 @@ Source of the comparison numbers: torch.compile (the blog's reference norm), QuA
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from normfuse.techniques.lazy_prenorm import DTYPES, compare, torch_dtype  # noqa: F401  (shared helpers)
+from normfuse.validate import check_affine, check_eps
 
 NAME = "norms"
 VARIANTS = ("rmsnorm", "layernorm")
@@ -40,12 +40,19 @@ def check_shape(M: int, N: int, K=None) -> None:
 
 
 def check_inputs(x: torch.Tensor, weight=None, bias=None, eps=None) -> tuple[int, int]:
-    """Validate ``x [M, N]`` and the optional affine ``weight``/``bias`` ``[N]``; return (M, N).
+    """Validate ``x [M, N]`` and the optional affine ``weight``/``bias`` ``[N]``; return (M, N). The one contract
+    of every DSL's ``rms_norm`` / ``layer_norm`` (each wrapper calls it before anything is compiled or launched).
 
-    Raises TypeError for non-tensors and unsupported or mixed dtypes, ValueError for a wrong rank,
-    non-contiguous ``x``, affine vectors of the wrong shape or device, and ``eps <= 0``."""
+    ``x``: bf16/fp16/fp32, 2-D, row-major contiguous (any data pointer: the kernels use plain loads, and Triton's
+    launch specialization only vectorizes 16-byte accesses when the pointer is 16-byte aligned). ``weight`` /
+    ``bias``: None or a contiguous ``[N]`` tensor of x's dtype on x's device (``normfuse.validate.check_affine``).
+    ``eps``: checked when given (a finite number > 0; None means "not given", and the wrappers require it).
+
+    Raises TypeError for non-tensors, unsupported dtypes and an affine vector of another dtype, ValueError for a
+    wrong rank, non-contiguous ``x``, M or N < 1, affine vectors of the wrong shape, device or layout, and a bad
+    ``eps``."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError("x must be a torch.Tensor")
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in DTYPES.values():
         raise TypeError(f"x must be bf16, fp16 or fp32, got {x.dtype}")
     if x.dim() != 2:
@@ -54,18 +61,10 @@ def check_inputs(x: torch.Tensor, weight=None, bias=None, eps=None) -> tuple[int
         raise ValueError("x must be row-major contiguous (call .contiguous())")
     M, N = x.shape
     check_shape(M, N)
-    for name, v in (("weight", weight), ("bias", bias)):
-        if v is None:
-            continue
-        if not isinstance(v, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None")
-        if v.shape != (N,):
-            raise ValueError(f"{name} must have shape [N] = [{N}], got {tuple(v.shape)}")
-        if v.device != x.device:
-            raise ValueError(f"{name} is on {v.device}, x on {x.device}")
-    if eps is not None and not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0
-                                and math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    check_affine("weight", weight, N, x)
+    check_affine("bias", bias, N, x)
+    if eps is not None:
+        check_eps(eps)
     return M, N
 
 

@@ -420,8 +420,8 @@ def test_input_errors(fn):
         f(torch.randn(16, 16).bfloat16(), torch.randn(16, 1024).bfloat16())
     with pytest.raises(ValueError, match="CUDA"):  # valid inputs, but CPU tensors (TLX has no interpreter)
         f(a, b)
-    with pytest.raises(ValueError, match="CUDA"):
-        f(a, b, torch.ones(16, dtype=torch.float32))  # an fp32 weight is accepted
+    with pytest.raises(TypeError, match="weight must have a's dtype"):  # one dtype rule in every DSL
+        f(a, b, torch.ones(16, dtype=torch.float32))
 
 
 def test_layernorm_bias_errors():

@@ -234,8 +234,8 @@ def test_config_n_dependent_checks():
 def test_bad_inputs(op):
     fn = kn.rms_norm if op == "rms" else kn.layer_norm
     x = torch.randn(8, 64).to(torch.bfloat16)
-    with pytest.raises(TypeError):
-        fn(x.float())  # fp32: not supported by the TLX kernels
+    with pytest.raises(ValueError, match="CUDA"):
+        fn(x.float())  # fp32 is in the norms' contract of every DSL: validated, then refused only for the CPU
     with pytest.raises(TypeError):
         fn(x.to(torch.int32))
     with pytest.raises(TypeError):
