@@ -486,10 +486,11 @@ def _validate_configs(pool: Pool, wkey: tuple, points: list[dict]) -> None:
     for p in points:
         if p["dsl"] == registry.BASELINE_DSL:
             continue
-        k = (p["dsl"], p["technique"], p["config_name"])
+        k = (p["dsl"], p["technique"], p["impl"], p.get("variant"), p["config_name"])
         if k not in seen:
             seen.add(k)
-            items.append({"dsl": p["dsl"], "technique": p["technique"], "name": p["config_name"], "config": p["config"]})
+            items.append({"dsl": p["dsl"], "technique": p["technique"], "impl": p["impl"], "variant": p.get("variant"),
+                          "name": p["config_name"], "config": p["config"]})
     if not items:
         return
     try:

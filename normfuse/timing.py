@@ -169,8 +169,12 @@ def bench_graph_interleaved(fns: dict, *, rounds: int = 20, graph_ms: float = 60
                 body()
         return g
 
-    graphs = {name: capture(lambda fn=fn: (cache.zero_(), fn())) for name, fn in fns.items()}
-    graphs[None] = capture(cache.zero_)
+    try:
+        graphs = {name: capture(lambda fn=fn: (cache.zero_(), fn())) for name, fn in fns.items()}
+        graphs[None] = capture(cache.zero_)
+    except RuntimeError:  # not capturable (e.g. an autograd step whose AccumulateGrad nodes live on another stream)
+        torch.cuda.synchronize()
+        return bench_eager_interleaved(fns, rounds=rounds, calls=n, flush=cache)
 
     def replay(g) -> float:
         start.record()
@@ -189,6 +193,30 @@ def bench_graph_interleaved(fns: dict, *, rounds: int = 20, graph_ms: float = 60
         for name in fns:
             out[name].append((t[name] - t[None]) / n)
     del graphs, cache
+    return out
+
+
+def bench_eager_interleaved(fns: dict, *, rounds: int = 20, calls: int = 1, flush=None) -> dict[str, list[float]]:
+    """``bench_graph_interleaved`` without graphs, for callables that cannot be captured: each round calls every
+    ``fn`` ``calls`` times (after an L2 flush) in rotated order, timed by CUDA events on the current stream, and
+    records ms per call. Host launch cost is included where the GPU waits for it (negligible for the ms-scale
+    layer steps this is used for). Returns ``{name: [ms, ...]}``."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    names = list(fns)
+    out = {name: [] for name in names}
+    for r in range(rounds + 1):  # round 0: untimed warm-up
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            for _ in range(calls):
+                fns[name]()
+            end.record()
+            end.synchronize()
+            if r:
+                out[name].append(start.elapsed_time(end) / calls)
     return out
 
 

@@ -242,8 +242,9 @@ def validate_config(req: dict) -> dict:
     errors = []
     for item in req["configs"]:
         try:
-            mod = registry.kernel_module(item["dsl"], item["technique"])
-            cls = getattr(mod, "TilingConfig", None)
+            # the module of the impl's kernel (multi_cta's 'gemm' is lazy_prenorm.matmul, with its own tilings)
+            fn = registry.kernel_function(item["dsl"], item["technique"], item.get("impl", "fused"), item.get("variant"))
+            cls = getattr(sys.modules[fn.__module__], "TilingConfig", None)
             if cls is not None:
                 cls.from_dict(item.get("config") or {})
         except (ValueError, TypeError) as e:
