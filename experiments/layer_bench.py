@@ -307,9 +307,10 @@ def _timing_rows(samples: dict, base: dict, *, reference: str | None = None) -> 
     import numpy as np
 
     rows = []
+    method = getattr(samples, "method", None)  # 'graph' or 'eager' (normfuse.timing.Samples)
     for name, s in samples.items():
         med, lo, hi = median_ci(s)
-        row = {**base, "name": name, "status": "ok", "p50_ms": med, "ci_lo_ms": lo, "ci_hi_ms": hi,
+        row = {**base, "name": name, "status": "ok", "p50_ms": med, "ci_lo_ms": lo, "ci_hi_ms": hi, "timing": method,
                "p20_ms": float(np.percentile(s, 20)), "p80_ms": float(np.percentile(s, 80)), "n_samples": len(s)}
         if reference is not None and name != reference and reference in samples:
             share = [(r - v) / r for r, v in zip(samples[reference], s)]

@@ -92,10 +92,10 @@ def main(argv=None) -> None:
         if _kind(d) == "replicated":
             reps = replicate_dirs(d)
             for r in reps:
-                if args.write:
-                    report.derive(r, out_dir=r, write_tables=True)
+                if args.write:  # a replicate gets no plots of its own (as the runner writes it): the merged set has them
+                    report.derive(r, out_dir=r, write_tables=True, plots=False)
                 elif out is not None:
-                    report.derive(r, out_dir=out / r.name)
+                    report.derive(r, out_dir=out / r.name, plots=False)
             _replicates(reps, out, args.write) if (out is not None or args.write) else print(
                 report.replicate_report(reps))
             continue

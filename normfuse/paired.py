@@ -269,7 +269,9 @@ def replicate_dirs(top: Path) -> list[Path]:
 def merge_replicates(rep_dirs: list[Path]) -> pd.DataFrame:
     """Merge the paired rounds of replicate runs: one row per (shape, dsl, impl, metric).
 
-    Replicates are numbered by their position in ``rep_dirs`` (their names in ``runs``). Columns: the shape,
+    Replicates are numbered by their position in ``rep_dirs`` (their names in ``runs``). Where a (dsl, impl) has
+    several configs in the rounds (runs with ``timing.paired.only``), each config is pooled on its own and the one
+    with the highest pooled median is kept (the metrics are higher-is-better). Columns: the shape,
     dsl, impl, metric; ``runs``, ``configs`` (each replicate's config_name), ``rep_median``, ``rep_ci_lo``,
     ``rep_ci_hi``, ``rep_n_rounds`` (lists in replicate order; NaN where a replicate lacks the cell);
     ``n_replicates``; the pooled ``median`` [``ci_lo``, ``ci_hi``] (``pooled_median_ci``: bootstrap over rounds
@@ -297,7 +299,8 @@ def merge_replicates(rep_dirs: list[Path]) -> pd.DataFrame:
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=stats.DegenerateDataWarning)
-        for key, g in long.groupby(cell, dropna=False, sort=True):
+        for key, g in long.groupby([*cell, "config_name"], dropna=False, sort=True):
+            key = key[:-1]
             reps = [g[g["replicate"] == k] for k in range(len(rep_dirs))]
             per = [median_ci(x["value"].to_numpy()) if len(x) else (np.nan, np.nan, np.nan, 0) for x in reps]
             med, lo, hi, n = pooled_median_ci([x["value"].to_numpy() for x in reps if len(x)])
@@ -315,6 +318,9 @@ def merge_replicates(rep_dirs: list[Path]) -> pd.DataFrame:
                 "agree": _agree(meds[have], los[have], his[have]),
                 "overlap": _overlap(los[have], his[have]), "n_rounds": n})
     out = pd.DataFrame(rows)
+    if len(out):  # several configs of one (dsl, impl) in a window (paired.only): the one with the best pooled median
+        best = out.assign(_m=out["median"].fillna(-np.inf)).groupby(cell, dropna=False)["_m"].idxmax()
+        out = out.loc[best.to_numpy()].reset_index(drop=True)
     for c in ("agree", "overlap"):
         if c in out:
             out[c] = out[c].astype("boolean")
@@ -425,7 +431,11 @@ def check_criteria(merged: pd.DataFrame, criteria: dict | None = None) -> pd.Dat
             agree_ok = pd.NA if not crit.agree else (False if pd.isna(b[crit.agree]) else bool(b[crit.agree]))
             max_spread = limit if crit.spread_within_half_width else crit.max_spread
             spread_ok = pd.NA if max_spread is None else bool(b["spread"] <= max_spread + 1e-12)
+            if b["n_replicates"] < 2:  # agreement across replicates needs two of them: not judged
+                agree_ok = spread_ok = pd.NA
             checks = [x for x in (hw_ok, agree_ok, spread_ok) if x is not pd.NA]
+            if b["n_replicates"] < 2 and (crit.agree or max_spread is not None):
+                checks = []  # a replicate criterion on one replicate: neither holds nor fails
             rows.append({**dict(zip(SHAPE, key)), "metric": metric, "best_dsl": b["dsl"], "median": b["median"],
                          "ci_lo": b["ci_lo"], "ci_hi": b["ci_hi"], "rep_half_width_max": b["rep_half_width_max"],
                          "half_width_limit": limit, "spread": b["spread"], "max_spread": max_spread,

@@ -92,10 +92,13 @@ def _int(v):
 
 
 def sweep_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The sweep stage's rows (``stage`` missing or ``"sweep"``); all rows of a run from before stages existed."""
+    """The sweep stage's rows (``stage`` missing or ``"sweep"``); all rows of a run from before stages existed; the
+    paired rows of a run measured with ``timing.paired.only`` (it has no sweep stage: each point's row is its
+    paired row, timed over the window's rounds)."""
     if "stage" not in df:
         return df
-    return df[df["stage"].fillna("sweep") == "sweep"]
+    sweep = df[df["stage"].fillna("sweep") == "sweep"]
+    return sweep if len(sweep) else df[df["stage"] == "paired"]
 
 
 def _variants(df: pd.DataFrame) -> list:

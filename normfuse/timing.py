@@ -193,7 +193,16 @@ def bench_graph_interleaved(fns: dict, *, rounds: int = 20, graph_ms: float = 60
         for name in fns:
             out[name].append((t[name] - t[None]) / n)
     del graphs, cache
-    return out
+    return Samples(out, method="graph")
+
+
+class Samples(dict):
+    """``{name: [ms per round]}`` of an interleaved benchmark, with ``method`` = 'graph' (CUDA-graph replay) or
+    'eager' (``bench_eager_interleaved``: the callables could not be captured)."""
+
+    def __init__(self, data: dict, method: str):
+        super().__init__(data)
+        self.method = method
 
 
 def bench_eager_interleaved(fns: dict, *, rounds: int = 20, calls: int = 1, flush=None) -> dict[str, list[float]]:
@@ -217,7 +226,7 @@ def bench_eager_interleaved(fns: dict, *, rounds: int = 20, calls: int = 1, flus
             end.synchronize()
             if r:
                 out[name].append(start.elapsed_time(end) / calls)
-    return out
+    return Samples(out, method="eager")
 
 
 def summarize(times_ms: list[float]) -> dict:

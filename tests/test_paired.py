@@ -325,3 +325,35 @@ def test_merge_needs_rounds(tmp_path):
         paired.merge_replicates([tmp_path / "old"])
     with pytest.raises(ValueError, match="at least one"):
         paired.merge_replicates([])
+
+
+def _runner_rounds(run_dir, rep, times, rounds=30, seed=0):
+    """A rep folder as the runner writes it (gzip-appended rounds), lazy_prenorm at one shape; ``times``:
+    {(dsl, impl, config_name): ms}, each round scaled by a common clock factor."""
+    import gzip
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    run_dir.mkdir(parents=True)
+    with gzip.open(run_dir / paired.ROUNDS_FILE_GZ, "wt") as f:
+        for r in range(rounds):
+            clock = 1 + 0.2 * rng.random()
+            for (dsl, impl, cfg), ms in times.items():
+                f.write(json.dumps({"technique": "lazy_prenorm", "variant": "rmsnorm", "M": 262144, "N": 512,
+                                    "K": 512, "dtype": "bf16", "replicate": rep, "window": 0, "round": r, "dsl": dsl,
+                                    "impl": impl, "config_name": cfg, "ms": ms * clock}) + "\n")
+
+
+def test_merge_keeps_the_best_config_and_needs_two_replicates_to_judge_agreement(tmp_path):
+    times = {("torch", "cublas", "-"): 0.21, ("torch", "torch_compile_norm", "-"): 0.128,
+             ("tlx", "gemm", "g"): 0.227, ("tlx", "fused", "c2"): 0.237, ("tlx", "fused", "c4"): 0.375}
+    for k in (0, 1):
+        _runner_rounds(tmp_path / "run" / f"rep{k}", k, times, seed=k)
+    m = paired.merge_replicates(paired.replicate_dirs(tmp_path / "run"))
+    r = m[(m.dsl == "tlx") & (m.impl == "fused") & (m.metric == "hidden_dsl")]
+    assert len(r) == 1 and r.iloc[0]["configs"] == ["c2", "c2"]  # the better config, not a mixture of both
+    assert r.iloc[0]["median"] == pytest.approx((0.227 + 0.128 - 0.237) / 0.128, rel=1e-6)
+    assert bool(paired.check_criteria(m)["holds"].iloc[0])
+    one = paired.merge_replicates([tmp_path / "run" / "rep0"])
+    assert paired.check_criteria(one)["holds"].isna().all()  # one replicate: agreement not judged
