@@ -85,7 +85,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_triton.fna_llm import (RSTD_BLOCK_ROWS, _k_norm_kernel, _k_rstd_kernel, batch_slices,  # noqa: F401
-                                    k_prepass)
+                                    k_prepass, sliced_launch_args)
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 from normfuse.validate import aligned, check_eps, check_forward_only
@@ -299,10 +299,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     prepass, materialize = rstd_k is not None, k_n is not None
     k = k_n if materialize else k  # materialize: the attention kernel reads k_n (γk included) instead of k
     launches = []
-    for b0, b1 in batch_slices(B, Hq):
-        whole = (b0, b1) == (0, B)  # the usual single launch gets the tensors themselves, not views
-        qs, ks, vs, os_ = (t if whole else t[b0:b1] for t in (q, k, v, o))
-        rstd = rstd_k if whole or not prepass else rstd_k[b0 * Hkv * S:b1 * Hkv * S]
+    for b0, b1, qs, ks, vs, os_, rstd in sliced_launch_args(q, k, v, o, rstd_k, B, Hq, Hkv, S):
         args = (qs, ks, vs, os_, q_weight if norms else dummy, k_weight if norms else dummy,
                 o_weight if o_weight is not None else dummy, rstd if prepass else dummy, S, Hq, Hq // Hkv,
                 float(eps), LOG2E / math.sqrt(D))

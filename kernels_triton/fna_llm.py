@@ -294,6 +294,20 @@ def batch_slices(B: int, Hq: int) -> list[tuple[int, int]]:
     return chunks(B, MAX_GRID_YZ // Hq)
 
 
+def sliced_launch_args(q, k, v, o, rstd_k, B: int, Hq: int, Hkv: int, S: int):
+    """Per ``batch_slices`` slice: ``(b0, b1, q, k, v, o, rstd_k)`` of that slice — the tensors themselves for the
+    usual single launch, views of the slice otherwise (``rstd_k`` [B·Hkv·S] fp32 or None). Shared with
+    ``kernels_tlx.fna_llm``."""
+    out = []
+    for b0, b1 in batch_slices(B, Hq):
+        if (b0, b1) == (0, B):
+            out.append((b0, b1, q, k, v, o, rstd_k))
+        else:
+            out.append((b0, b1, q[b0:b1], k[b0:b1], v[b0:b1], o[b0:b1],
+                        None if rstd_k is None else rstd_k[b0 * Hkv * S:b1 * Hkv * S]))
+    return out
+
+
 def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: bool, launch: bool = True):
     """Validate and build (o, launches, constexpr kwargs, pre-pass): ``launches`` a list of ``(args, grid)``, one
     per ``batch_slices`` slice (views of q, k, v, o and rstd_k), pre-pass None or (kernel, args, grid, kwargs):
@@ -320,10 +334,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     prepass, materialize = rstd_k is not None, k_n is not None
     k = k_n if materialize else k  # materialize: the attention kernel reads k_n instead of K
     launches = []
-    for b0, b1 in batch_slices(B, Hq):
-        whole = (b0, b1) == (0, B)  # the usual single launch gets the tensors themselves, not views
-        qs, ks, vs, os_ = (t if whole else t[b0:b1] for t in (q, k, v, o))
-        rstd = rstd_k if whole or not prepass else rstd_k[b0 * Hkv * S:b1 * Hkv * S]
+    for b0, b1, qs, ks, vs, os_, rstd in sliced_launch_args(q, k, v, o, rstd_k, B, Hq, Hkv, S):
         args = (qs, ks, vs, os_, q_weight if norms else dummy, k_weight if norms else dummy,
                 o_weight if o_weight is not None else dummy, rstd if prepass else dummy, S, Hq, Hq // Hkv,
                 float(eps), LOG2E / math.sqrt(D))

@@ -83,6 +83,17 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def _frame(path: Path | None) -> pd.DataFrame | None:
+    """A JSON-lines file as a DataFrame with an integer ``replicate`` column (0 where missing); None for no file or
+    no rows."""
+    rows = _read_jsonl(path) if path is not None else []
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    df["replicate"] = (df["replicate"] if "replicate" in df else pd.Series(0, index=df.index)).fillna(0).astype(int)
+    return df
+
+
 def _numeric_shape(df: pd.DataFrame) -> pd.DataFrame:
     """M, N, K as numbers (K None, for [M, N] techniques, becomes NaN), so that rounds and windows join."""
     for c in ("M", "N", "K"):
@@ -99,13 +110,9 @@ def read_rounds(run_dir: Path) -> pd.DataFrame | None:
     a ``ms`` that is not a number > 0 (NaN / null is allowed: that participant's time is missing in that round,
     and so are the metrics that need it), or a participant recorded twice in one round."""
     path = rounds_path(run_dir)
-    rows = _read_jsonl(path) if path is not None else []
-    if not rows:
+    df = _frame(path)
+    if df is None:
         return None
-    df = pd.DataFrame(rows)
-    if "replicate" not in df:
-        df["replicate"] = 0
-    df["replicate"] = df["replicate"].fillna(0).astype(int)
     missing = [c for c in ROUND_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: rows lack the columns {missing} (need {ROUND_COLUMNS})")
@@ -133,13 +140,9 @@ def read_rounds(run_dir: Path) -> pd.DataFrame | None:
 def read_windows(run_dir: Path) -> pd.DataFrame | None:
     """The run's ``paired_windows.jsonl`` (one row per window; the NVML columns may be null), or None."""
     path = Path(run_dir) / WINDOWS_FILE
-    rows = _read_jsonl(path) if path.exists() else []
-    if not rows:
+    df = _frame(path if path.exists() else None)
+    if df is None:
         return None
-    df = pd.DataFrame(rows)
-    if "replicate" not in df:
-        df["replicate"] = 0
-    df["replicate"] = df["replicate"].fillna(0).astype(int)
     for c in WINDOW_STATS:
         df[c] = pd.to_numeric(df[c], errors="coerce") if c in df else np.nan
     if "gpu_uuid" not in df:
