@@ -7,7 +7,7 @@ PyTorch, both under ``torch.compile``; and the layer's fully connected GEMMs per
 The layer (``LLAMA3_8B``: hidden 4096, 32 query / 8 KV heads of 128, FFN 14336, RMSNorm eps 1e-5, RoPE theta 5e5,
 bf16, no biases): ``h = x + Wo·attn(rope(q), rope(k), v)`` with ``q, k, v = Wqkv·RMSNorm(x)``, then ``out = h +
 W2·(silu(g) * u)`` with ``g, u = W13·RMSNorm(h)``; causal attention with GQA through
-``F.scaled_dot_product_attention`` (``enable_gqa``: the flash backend). With ``--qk-norm`` a second pair of layers
+``F.scaled_dot_product_attention`` (``enable_gqa``; PyTorch's default dispatch, cuDNN on the H200). With ``--qk-norm`` a second pair of layers
 adds per-head RMSNorm of q and k (Qwen3 / OLMo2 style), applied *after* RoPE in both variants (the fused kernel
 normalizes inside attention; rstd is rotation-invariant, gamma then acts on the rotated coordinates).
 
@@ -25,7 +25,9 @@ eager layer (TF32 off, KV heads expanded so that fp32 SDPA runs) by the reposito
 ``torch_compile`` variant's bf16 error setting the tolerance; a variant that fails is not timed.
 
 Timing (``normfuse.timing.bench_graph_interleaved``): each variant's training step (forward, then
-``torch.autograd.grad`` of the output for x and every parameter) is captured in a CUDA graph with an L2 flush before
+``torch.autograd.grad`` of the output for x and every parameter) is captured in a CUDA graph (where the step cannot be
+captured — on torch 2.11 the AccumulateGrad nodes kept from the check step live on the default stream — the rounds
+run eagerly instead, CUDA events around each step; every row records ``timing`` = graph | eager) with an L2 flush before
 it, and the variants' graphs are replayed round by round in rotating order (``--rounds``); per variant the median
 over rounds with a 95 % bootstrap interval (``scipy.stats.bootstrap``, percentile), and per round the paired share
 won ``(T_torch - T_dropin) / T_torch`` (median and interval). The same method times the FC GEMMs per phase

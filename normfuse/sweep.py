@@ -305,6 +305,7 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
     from rich.console import Console
 
     console = Console(stderr=True)
+    fresh = not run_dir.exists()  # a configuration error leaves no trace of a run folder this call created
     store = ResultsStore(run_dir)
     meta_path = run_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
@@ -338,7 +339,7 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
             raise ValueError(f"debug.inject entries look like 'crash@<pattern>' or 'hang@<pattern>', got {spec!r}")
         inject[pattern] = what
     calibration = meta.get("calibration") or calibration
-    completed, measured, interrupted = False, 0, False
+    completed, measured, interrupted, config_error = False, 0, False, False
     gpu_before, uuid, mismatches, gpu_props = {"available": False}, None, [], {}
     common = {"run_id": run_id, "experiment": cfg["experiment_name"], "hardware": cfg["hardware"]["name"],
               "replicate": replicate, **git}
@@ -348,7 +349,11 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
             versions[f"{wkey[0]}-{wkey[1]}"] = hello.get("versions") or {"error": hello.get("error")}
             gpu_props = gpu_props or (hello.get("gpu") or {})  # the device the workers use (CUDA_VISIBLE_DEVICES)
             uuid = uuid or gpu_props.get("gpu_uuid")
-            _validate_configs(pool, wkey, [p for p in points if (p["env"], p["mode"]) == wkey])
+            try:
+                _validate_configs(pool, wkey, [p for p in points if (p["env"], p["mode"]) == wkey])
+            except ValueError:
+                config_error = True
+                raise
         gpu_before = hardware.read_gpu(uuid=uuid)
         if run_mode == "gpu":
             gpu_before.update({k: v for k, v in gpu_props.items() if v is not None})
@@ -395,7 +400,7 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
             for p in gpoints:
                 if point_key({**p, "stage": "sweep"}) not in todo_keys:
                     continue
-                label = f"{p['dsl']}/{p['impl']}/{p['config_name']} {p['M']}x{p['N']}x{p['K']}"
+                label = f"{p['dsl']}/{p['impl']}/{p['config_name']} " + _shape_text(p)
                 tell(label)
                 ckey = (p["dsl"], p["impl"], p.get("variant"), p["config_name"])
                 if ckey in hung:  # a config that hung once would likely hang again: record, do not wait again
@@ -413,8 +418,7 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
                     prog.advance(task)
                 tell(label, _row_result(row))
             if paired_on and gkey not in windows_done:
-                label = f"paired {gpoints[0]['technique']} {gpoints[0].get('variant') or ''} " \
-                        f"{gpoints[0]['M']}x{gpoints[0]['N']}x{gpoints[0]['K']}"
+                label = f"paired {gpoints[0]['technique']} " + _shape_text(gpoints[0])
                 tell(label)
                 res = _paired_window(pool, gkey, gpoints, store, run_dir, cfg, paired_cfg, nonce, common, uuid,
                                      on_wait=lambda t, lb=label: tell(lb, elapsed=t))
@@ -429,29 +433,44 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
         interrupted = True
         raise
     finally:
-        pool.close(kill=interrupted)  # an interrupt does not wait for the point in flight
-        # meta.json also when the sweep is interrupted (Ctrl-C, SIGTERM, a time budget): the rows already measured
-        # keep their hardware, versions and calibration
-        gpu_after = hardware.read_gpu(uuid=uuid)
-        meta.update({"run_id": run_id, "experiment": cfg["experiment_name"], "mode": run_mode, "replicate": replicate,
-                     "created": meta.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                     "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                     "hardware_config": cfg["hardware"], "hardware_before": gpu_before, "hardware_after": gpu_after,
-                     "hardware_mismatches": sorted(set(meta.get("hardware_mismatches", [])) | set(mismatches)),
-                     "versions": versions, "calibration": calibration, **git, "config": cfg,
-                     "invocations": meta.get("invocations", []) + [{
-                         "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git["git_sha"],
-                         "dsls": list(cfg.get("dsls") or {}), "shape": cfg["shape"].get("name"),
-                         "tiling": sorted(cfg.get("tiling") or {}), "points": len(points), "measured": measured,
-                         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_uuid": uuid}],
-                     "timing_note": _timing_note(cfg, run_mode, paired_cfg)})
-        if not completed:
-            meta["interrupted"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        else:
-            meta.pop("interrupted", None)
-        meta_path.write_text(json.dumps(meta, indent=2, default=str))
+        pool.close(kill=interrupted or config_error)  # an interrupt does not wait for the point in flight
+        if config_error and fresh:  # nothing was measured: write nothing, and remove the folder this call made
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+            try:  # and the experiment's folder, if that was all it held
+                run_dir.parent.rmdir()
+            except OSError:
+                pass
+        if not config_error:
+            # meta.json also when the sweep is interrupted (Ctrl-C, SIGTERM, a time budget): the rows already measured
+            # keep their hardware, versions and calibration
+            gpu_after = hardware.read_gpu(uuid=uuid)
+            meta.update({"run_id": run_id, "experiment": cfg["experiment_name"], "mode": run_mode, "replicate": replicate,
+                         "created": meta.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                         "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                         "hardware_config": cfg["hardware"], "hardware_before": gpu_before, "hardware_after": gpu_after,
+                         "hardware_mismatches": sorted(set(meta.get("hardware_mismatches", [])) | set(mismatches)),
+                         "versions": versions, "calibration": calibration, **git, "config": cfg,
+                         "invocations": meta.get("invocations", []) + [{
+                             "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git["git_sha"],
+                             "dsls": list(cfg.get("dsls") or {}), "shape": cfg["shape"].get("name"),
+                             "tiling": sorted(cfg.get("tiling") or {}), "points": len(points), "measured": measured,
+                             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_uuid": uuid}],
+                         "timing_note": _timing_note(cfg, run_mode, paired_cfg)})
+            if not completed:
+                meta["interrupted"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            else:
+                meta.pop("interrupted", None)
+            meta_path.write_text(json.dumps(meta, indent=2, default=str))
     finalize(run_dir, console=console)
     return run_dir
+
+
+def _shape_text(p: dict) -> str:
+    """'<variant> MxN[xK]' of a point for progress lines (no K for [M, N] techniques)."""
+    shape = f"{p['M']}x{p['N']}" + (f"x{p['K']}" if p.get("K") is not None else "")
+    return f"{p['variant']} {shape}" if p.get("variant") else shape
 
 
 def _timing_note(cfg: dict, run_mode: str, paired_cfg: dict) -> str:
@@ -500,7 +519,7 @@ def _validate_configs(pool: Pool, wkey: tuple, points: list[dict]) -> None:
     if reply.get("status") != "ok":
         raise RuntimeError(f"validating the tiling configs failed in the {wkey[0]}-{wkey[1]} worker: {reply.get('error')}")
     if reply.get("errors"):
-        raise ValueError("invalid tiling config(s):\n  " + "\n  ".join(reply["errors"]))
+        raise ValueError("invalid tiling config(s):\n  " + "\n  ".join(dict.fromkeys(reply["errors"])))
 
 
 def _measure(pool: Pool, p: dict, cfg: dict, nonce: str, inject: dict, on_wait=None) -> dict:

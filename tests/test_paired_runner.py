@@ -156,7 +156,8 @@ def test_unknown_config_key_is_a_configuration_error(repo_root, subprocess_env, 
                        env=subprocess_env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 2, p.stderr[-2000:]
     assert "BLOCK_MM" in p.stderr and "typo" in p.stderr
-    assert not (tmp_path / "smoke" / "t" / "results.jsonl").exists()  # nothing measured, no rows marked unsupported
+    assert not (tmp_path / "smoke" / "t").exists()  # nothing measured or written, no rows marked unsupported
+    assert p.stderr.count("BLOCK_MM") == 1, p.stderr[-2000:]  # said once
 
 
 @pytest.mark.slow
@@ -178,7 +179,7 @@ def test_sigterm_stops_like_ctrl_c_and_logs_one_line_per_point(repo_root, subpro
     assert "run_id=t" in err
     meta = json.loads((tmp_path / "smoke" / "t" / "meta.json").read_text())
     assert meta["interrupted"]
-    assert "[1/6] torch/cublas/- 64x64x64: ok" in err  # one line per point when stderr is a log file
+    assert "[1/6] torch/cublas/- rmsnorm 64x64x64: ok" in err  # one line per point when stderr is a log file
 
 
 @pytest.mark.slow
