@@ -36,7 +36,6 @@ import ast
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path

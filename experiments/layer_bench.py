@@ -100,7 +100,6 @@ def _apply_rope(x, cos, sin):
 
 
 def _layer_class():
-    import torch
     import torch.nn.functional as F
     from torch import nn
 
@@ -231,21 +230,18 @@ def check_step(results: dict, ref: tuple, names) -> dict:
     return report
 
 
-def median_ci(samples, seed: int = 0) -> tuple[float, float, float]:
-    """Median of ``samples`` and its 95 % bootstrap interval (scipy.stats.bootstrap, percentile, 2000 resamples)."""
-    import inspect
-
+def median_ci(samples) -> tuple[float, float, float]:
+    """Median of ``samples`` and its 95 % bootstrap interval (``normfuse.paired.median_ci``: scipy.stats.bootstrap,
+    percentile, 2000 resamples); ``(median, median, median)`` for fewer than 3 samples or all equal."""
     import numpy as np
-    from scipy.stats import bootstrap
+
+    from normfuse.paired import median_ci as bootstrap_median_ci
 
     a = np.asarray(samples, dtype=float)
     med = float(np.median(a))
     if a.size < 3 or float(np.ptp(a)) == 0.0:
         return med, med, med
-    rng = np.random.default_rng(seed)
-    kw = {"rng": rng} if "rng" in inspect.signature(bootstrap).parameters else {"random_state": rng}
-    r = bootstrap((a,), np.median, confidence_level=0.95, n_resamples=2000, method="percentile", **kw)
-    return med, float(r.confidence_interval.low), float(r.confidence_interval.high)
+    return bootstrap_median_ci(a)[:3]
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -75,7 +75,6 @@ Code written for this repo.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -85,12 +84,11 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_triton.fna_llm import (RSTD_BLOCK_ROWS, _k_norm_kernel, _k_rstd_kernel, batch_slices,  # noqa: F401
-                                    k_prepass, sliced_launch_args)
+                                    k_prepass, plan_launches)
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 from normfuse.validate import aligned, check_eps, check_forward_only
 
-LOG2E = 1.4426950408889634
 NUM_MMA_GROUPS = 2  # consumer warpgroups, 64 query rows each
 CONSUMER_REGS = 232
 K_NORM_MODES = ("prepass", "inloop", "materialize")
@@ -293,17 +291,8 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     if need_cuda and q.device.type != "cuda":
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); TLX has no CPU mode (use compile_sm90)")
     q, k, v = aligned(q), aligned(k), aligned(v)
-    o = torch.empty_like(q)
-    dummy = q
-    pre, rstd_k, k_n = k_prepass(k, k_weight, eps, cfg.K_NORM if norms else None)
-    prepass, materialize = rstd_k is not None, k_n is not None
-    k = k_n if materialize else k  # materialize: the attention kernel reads k_n (γk included) instead of k
-    launches = []
-    for b0, b1, qs, ks, vs, os_, rstd in sliced_launch_args(q, k, v, o, rstd_k, B, Hq, Hkv, S):
-        args = (qs, ks, vs, os_, q_weight if norms else dummy, k_weight if norms else dummy,
-                o_weight if o_weight is not None else dummy, rstd if prepass else dummy, S, Hq, Hq // Hkv,
-                float(eps), LOG2E / math.sqrt(D))
-        launches.append((args, (triton.cdiv(S, cfg.BLOCK_M), (b1 - b0) * Hq, 1)))
+    o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps, cfg.K_NORM,
+                                                           norms, cfg.BLOCK_M)
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
               NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, K_PREPASS=prepass,
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,

@@ -294,18 +294,29 @@ def batch_slices(B: int, Hq: int) -> list[tuple[int, int]]:
     return chunks(B, MAX_GRID_YZ // Hq)
 
 
-def sliced_launch_args(q, k, v, o, rstd_k, B: int, Hq: int, Hkv: int, S: int):
-    """Per ``batch_slices`` slice: ``(b0, b1, q, k, v, o, rstd_k)`` of that slice — the tensors themselves for the
-    usual single launch, views of the slice otherwise (``rstd_k`` [B·Hkv·S] fp32 or None). Shared with
-    ``kernels_tlx.fna_llm``."""
-    out = []
+def plan_launches(q, k, v, q_weight, k_weight, o_weight, eps: float, k_norm, norms: bool, BLOCK_M: int):
+    """The host side shared by the Triton and TLX attention wrappers (same kernel argument order): the output
+    ``o``, the K pre-pass (``k_prepass`` with ``k_norm``, None without norms) and one ``(args, grid)`` launch per
+    ``batch_slices`` slice — the tensors themselves for the usual single launch, views of q, k, v, o and rstd_k
+    otherwise. Returns ``(o, launches, pre, prepass, materialize)``; materialize: the kernel reads the normalized
+    K (γ_K included) written by the pre-pass instead of K."""
+    B, Hq, S, D = q.shape
+    Hkv = k.shape[1]
+    o = torch.empty_like(q)
+    dummy = q  # never read when the matching flag is off
+    pre, rstd_k, k_n = k_prepass(k, k_weight, eps, k_norm if norms else None)
+    prepass, materialize = rstd_k is not None, k_n is not None
+    k = k_n if materialize else k
+    launches = []
     for b0, b1 in batch_slices(B, Hq):
-        if (b0, b1) == (0, B):
-            out.append((b0, b1, q, k, v, o, rstd_k))
-        else:
-            out.append((b0, b1, q[b0:b1], k[b0:b1], v[b0:b1], o[b0:b1],
-                        None if rstd_k is None else rstd_k[b0 * Hkv * S:b1 * Hkv * S]))
-    return out
+        whole = (b0, b1) == (0, B)
+        qs, ks, vs, os_ = (t if whole else t[b0:b1] for t in (q, k, v, o))
+        rstd = rstd_k if whole or not prepass else rstd_k[b0 * Hkv * S:b1 * Hkv * S]
+        args = (qs, ks, vs, os_, q_weight if norms else dummy, k_weight if norms else dummy,
+                o_weight if o_weight is not None else dummy, rstd if prepass else dummy, S, Hq, Hq // Hkv,
+                float(eps), LOG2E / math.sqrt(D))
+        launches.append((args, (triton.cdiv(S, BLOCK_M), (b1 - b0) * Hq, 1)))
+    return o, launches, pre, prepass, materialize
 
 
 def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: bool, launch: bool = True):
@@ -328,17 +339,8 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); CPU tensors run only under TRITON_INTERPRET=1")
     if cfg.TMA:
         q, k, v = aligned(q), aligned(k), aligned(v)
-    o = torch.empty_like(q)
-    dummy = q  # never read when the matching flag is off
-    pre, rstd_k, k_n = k_prepass(k, k_weight, eps, cfg.K_NORM if norms else None)
-    prepass, materialize = rstd_k is not None, k_n is not None
-    k = k_n if materialize else k  # materialize: the attention kernel reads k_n instead of K
-    launches = []
-    for b0, b1, qs, ks, vs, os_, rstd in sliced_launch_args(q, k, v, o, rstd_k, B, Hq, Hkv, S):
-        args = (qs, ks, vs, os_, q_weight if norms else dummy, k_weight if norms else dummy,
-                o_weight if o_weight is not None else dummy, rstd if prepass else dummy, S, Hq, Hq // Hkv,
-                float(eps), LOG2E / math.sqrt(D))
-        launches.append((args, (triton.cdiv(S, cfg.BLOCK_M), (b1 - b0) * Hq, 1)))
+    o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps, cfg.K_NORM,
+                                                           norms, cfg.BLOCK_M)
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, CAUSAL=causal, NORM_QK=norms,
               K_PREPASS=prepass, NORM_O=o_weight is not None,
               PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

@@ -67,7 +67,8 @@ NOT_METRICS = {"p50_ms", "status"}  # columns the per-round frame gets besides t
 
 
 # ----------------------------------------------------------------------------------------------- reading
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file (gzip-appended when it ends in .gz); a torn last line is skipped."""
     import gzip
 
     rows = []
@@ -86,7 +87,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 def _frame(path: Path | None) -> pd.DataFrame | None:
     """A JSON-lines file as a DataFrame with an integer ``replicate`` column (0 where missing); None for no file or
     no rows."""
-    rows = _read_jsonl(path) if path is not None else []
+    rows = read_jsonl(path) if path is not None else []
     if not rows:
         return None
     df = pd.DataFrame(rows)

@@ -25,7 +25,8 @@ from pathlib import Path
 from normfuse import hardware, registry, shapes
 from normfuse.pool import REPO_ROOT, Pool, WorkerDied
 from normfuse.paired import ROUNDS_FILE_GZ as ROUNDS_FILE  # the raw samples: a JSON line per window, round, participant
-from normfuse.results import ResultsStore, point_key, write_tables
+from normfuse.paired import WINDOWS_FILE, read_jsonl
+from normfuse.results import ResultsStore, point_key
 from normfuse.techniques import get_technique
 
 
@@ -545,17 +546,9 @@ PAIRED_DEFAULTS = {"rounds": 0, "min_rounds": 15, "candidates": 1, "graph_ms": 3
 
 
 def _windows_done(run_dir: Path) -> set:
-    f = run_dir / "paired_windows.jsonl"
-    if not f.exists():
-        return set()
-    out = set()
-    for line in f.read_text().splitlines():
-        try:
-            w = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        out.add(tuple(w["key"]))
-    return out
+    """Shape keys of the windows already recorded in the run (a resume skips them)."""
+    f = run_dir / WINDOWS_FILE
+    return {tuple(w["key"]) for w in read_jsonl(f)} if f.exists() else set()
 
 
 def _participants(gpoints: list[dict], store: ResultsStore, candidates: int) -> list[dict]:
@@ -588,7 +581,7 @@ def _paired_window(pool: Pool, gkey: tuple, gpoints: list[dict], store: ResultsS
     pc = {**PAIRED_DEFAULTS, **paired_cfg}
     parts = list(gpoints) if pc.get("only") else _participants(gpoints, store, int(pc["candidates"]))
     if not pc.get("only") and (not any(p["dsl"] != registry.BASELINE_DSL for p in parts) or len(parts) < 2):
-        _append_jsonl(run_dir / "paired_windows.jsonl", {"key": list(gkey), "n_rounds": 0, "note": "nothing to pair"})
+        _append_jsonl(run_dir / WINDOWS_FILE, {"key": list(gkey), "n_rounds": 0, "note": "nothing to pair"})
         return "nothing to pair"
     timeout = float(cfg["point_timeout_s"])
     ready, rows = [], {}
@@ -667,7 +660,7 @@ def _paired_window(pool: Pool, gkey: tuple, gpoints: list[dict], store: ResultsS
             row["sm_clock_mhz"] = window.get("sm_clock_mhz_median")
         row.update({**common, "timestamp": stamp})
         store.append(row)
-    _append_jsonl(run_dir / "paired_windows.jsonl", window)
+    _append_jsonl(run_dir / WINDOWS_FILE, window)
     return f"{n} rounds x {len(ready)} participants in {window['seconds']:.1f} s" + (f" ({error})" if error else "")
 
 

@@ -68,7 +68,18 @@ def bench_graph_flush(fn, *, rep_ms: float = 100.0, flush_bytes: int = 256 << 20
         pair.close()
 
 
-_FLUSH_BUFFERS: dict = {}  # (device, bytes) -> int32 buffer zeroed to evict L2, shared by every GraphPair
+_FLUSH_BUFFERS: dict = {}  # (device, bytes) -> int32 buffer zeroed to evict L2
+
+
+def flush_buffer(flush_bytes: int = 256 << 20):
+    """The int32 CUDA buffer whose ``zero_()`` evicts L2 before a timed call: one per (device, size) and process,
+    shared by every sampler here (a worker holding many participants allocates it once)."""
+    import torch
+
+    key = (torch.cuda.current_device(), flush_bytes)
+    if key not in _FLUSH_BUFFERS:
+        _FLUSH_BUFFERS[key] = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    return _FLUSH_BUFFERS[key]
 
 
 class GraphPair:
@@ -83,10 +94,7 @@ class GraphPair:
     def __init__(self, fn, *, flush_bytes: int = 256 << 20, graph_ms: float = 3.0):
         import torch
 
-        key = (torch.cuda.current_device(), flush_bytes)
-        if key not in _FLUSH_BUFFERS:
-            _FLUSH_BUFFERS[key] = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
-        cache = _FLUSH_BUFFERS[key]
+        cache = flush_buffer(flush_bytes)
         self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
         def body():
@@ -128,6 +136,26 @@ class GraphPair:
         self.g_both = self.g_flush = None
 
 
+class EagerSampler:
+    """The fallback of :class:`GraphPair` for callables that cannot be captured (same ``sample()``): L2 flush, then
+    CUDA events around one call; host launch cost is included where the GPU waits for it."""
+
+    def __init__(self, fn, *, flush_bytes: int = 256 << 20):
+        import torch
+
+        self.fn, self.n = fn, 1
+        self.cache = flush_buffer(flush_bytes)
+        self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def sample(self) -> float:
+        self.cache.zero_()
+        self._start.record()
+        self.fn()
+        self._end.record()
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end)
+
+
 def bench_graph_interleaved(fns: dict, *, rounds: int = 20, graph_ms: float = 60.0, flush_bytes: int = 256 << 20,
                             max_calls: int = 200) -> dict[str, list[float]]:
     """Paired per-round GPU times (ms per call) of several callables, for comparing variants of one computation.
@@ -145,7 +173,7 @@ def bench_graph_interleaved(fns: dict, *, rounds: int = 20, graph_ms: float = 60
 
     if not fns or rounds < 1:
         raise ValueError("bench_graph_interleaved needs at least one callable and rounds >= 1")
-    cache = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    cache = flush_buffer(flush_bytes)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -192,7 +220,7 @@ def bench_graph_interleaved(fns: dict, *, rounds: int = 20, graph_ms: float = 60
         t = {name: replay(graphs[name]) for name in order}
         for name in fns:
             out[name].append((t[name] - t[None]) / n)
-    del graphs, cache
+    del graphs
     return Samples(out, method="graph")
 
 

@@ -170,7 +170,7 @@ def measure(req: dict) -> dict:
 
 
 # --- paired timing: participants prepared once, then sampled round by round by the orchestrator ----------------
-_PREPARED: dict = {}  # handle -> (GraphPair or eager timer, inputs, fn)
+_PREPARED: dict = {}  # handle -> (GraphPair or EagerSampler, inputs, fn)
 _SHARED_INPUTS: dict = {}  # the last paired window's inputs (one entry: bounded memory)
 
 
@@ -191,30 +191,11 @@ def prepare(req: dict) -> dict:
         import torch
 
         torch.cuda.synchronize()
-        pair = _EagerTimer(fn)
+        pair = timing.EagerSampler(fn)
         row["graph_n"], row["timing"] = 1, f"paired-eager (graph capture failed: {str(e)[:120]})"
     row["capture_s"] = time.perf_counter() - t0
     _PREPARED[req["handle"]] = (pair, inputs, fn)
     return row
-
-
-class _EagerTimer:
-    """Fallback sampler for callables that cannot be captured: flush, then CUDA events around one call."""
-
-    def __init__(self, fn):
-        import torch
-
-        self.fn = fn
-        self.cache = torch.empty((256 << 20) // 4, dtype=torch.int32, device="cuda")
-        self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def sample(self) -> float:
-        self.cache.zero_()
-        self.start.record()
-        self.fn()
-        self.end.record()
-        self.end.synchronize()
-        return self.start.elapsed_time(self.end)
 
 
 def replay(req: dict) -> dict:
