@@ -183,18 +183,22 @@ def build_layers(cfg: LayerConfig, *, device, dtype, dsl: str = "triton", config
 
     Layer = _layer_class()
     torch.manual_seed(seed)
+    # built and initialized on the CPU, then moved: no draw from the CUDA default generator, which a failed graph
+    # capture of an earlier step (the eager fallback of bench_graph_interleaved) can leave unusable ("Offset
+    # increment outside graph capture encountered unexpectedly")
+    target, device = device, "cpu"
     base = Layer(cfg, device=device, dtype=dtype)
     with torch.no_grad():
         for name, p in base.canonical().items():
             p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.02 * torch.randn_like(p))
     drop = Layer(cfg, dropin=True, dsl=dsl, config=config, device=device, dtype=dtype)
-    ref_dtype = torch.float64 if torch.device(device).type == "cpu" else torch.float32
+    ref_dtype = torch.float64 if torch.device(target).type == "cpu" else torch.float32
     ref = Layer(cfg, expand_kv=True, device=device, dtype=ref_dtype)
     with torch.no_grad():
         for n, p in base.canonical().items():
             drop.canonical()[n].copy_(p)
             ref.canonical()[n].copy_(p)
-    return {"torch": base, "dropin": drop, "ref": ref}
+    return {"torch": base.to(target), "dropin": drop.to(target), "ref": ref.to(target)}
 
 
 def make_step(layer, x, cos, sin, dout, fn=None):

@@ -96,6 +96,7 @@ Sources:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -277,6 +278,9 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     "ln_subtile": TilingConfig(EPILOGUE_SUBTILE=True),
     "ln_reuse_rstd_broadcast": TilingConfig(REUSE_RSTD=True, LN_EPILOGUE_MMA=False),
 }
+# ``lazy_layernorm_matmul(config=None)``: DEFAULT_CONFIG's tile with a half-size epilogue staging buffer, since the
+# LayerNorm epilogue's extra buffers do not fit beside DEFAULT_CONFIG's full one (235568 B > 232448 B).
+DEFAULT_LN_CONFIG = SHIPPED_LN_CONFIGS["ln_subtile"]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -769,7 +773,8 @@ def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch
         b_folded: ``[K, N]`` same dtype and device, row-major contiguous (N multiple of 8).
         colsum, beta_b: fp32 ``[N]``, contiguous, on the same device.
         eps: added to the variance inside the rsqrt (finite, > 0). Default 1e-5 (``torch.nn.LayerNorm``'s).
-        config: ``TilingConfig``, a dict of overrides, or None for ``DEFAULT_CONFIG``.
+        config: ``TilingConfig``, a dict of overrides of ``TilingConfig``'s fields, or None (or ``{}``) for
+            ``DEFAULT_LN_CONFIG``.
 
     Returns:
         ``C [M, N]`` in ``a.dtype``.
@@ -786,7 +791,8 @@ def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch
     TLX, https://github.com/facebookexperimental/triton
     """
     check_forward_only("lazy_prenorm.lazy_layernorm_matmul", a=a, b_folded=b_folded, colsum=colsum, beta_b=beta_b)
-    return _run(a, b_folded, eps, True, config, (colsum, beta_b))
+    default = config is None or (isinstance(config, Mapping) and not config)  # no overrides: this op's default
+    return _run(a, b_folded, eps, True, DEFAULT_LN_CONFIG if default else config, (colsum, beta_b))
 
 
 def _ptx_extras(ptx: str) -> dict:

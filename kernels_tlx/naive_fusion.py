@@ -101,6 +101,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -288,6 +289,9 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "m64_stream": TilingConfig(BLOCK_M=64, BLOCK_K=32, NUM_STAGES=4, B_RESIDENT=False),
     "m128_wg128_s3": TilingConfig(WG_BLOCK_N=128, NUM_STAGES=3),
 }
+# config=None where DEFAULT_CONFIG's resident B does not fit (large K, e.g. the 4096-wide projections of a model):
+# streamed B serves any K (``default_config``)
+DEFAULT_FALLBACKS = (SHIPPED_CONFIGS["m64_stream"],)
 
 
 
@@ -512,8 +516,9 @@ def _prepare(a, b, weight, bias, eps, norm: str, config, *, need_cuda: bool, num
     """Validate, plan, allocate outputs; returns (kernel args, grid, constexpr kwargs, y, mean, rstd, plan)."""
     if norm not in _NORM_CODE:
         raise ValueError(f"unknown norm {norm!r}; choices: {', '.join(_NORM_CODE)}")
-    cfg = TilingConfig.from_dict(config)
+    cfg = None if _is_default(config) else TilingConfig.from_dict(config)
     M, N, K = _validate(a, b, weight, bias, eps, norm)
+    cfg = cfg or default_config(N, K)
     p = cfg.plan(N, K, a.element_size())  # before the device check: the message names the limit on any device
     if need_cuda and a.device.type != "cuda":
         raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
@@ -552,6 +557,21 @@ def _prepare(a, b, weight, bias, eps, norm: str, config, *, need_cuda: bool, num
     return args, grid, kwargs, y, mean, rstd, p
 
 
+def _is_default(config) -> bool:
+    """None or an empty mapping: no overrides, the op picks its default (``default_config``)."""
+    return config is None or (isinstance(config, Mapping) and not config)
+
+
+def default_config(N: int, K: int) -> TilingConfig:
+    """The config used when none is given: ``DEFAULT_CONFIG`` (B resident) where its plan fits ``(N, K)``, else
+    the first of ``DEFAULT_FALLBACKS`` that does (B streamed: any K), else ``DEFAULT_CONFIG`` (whose plan then
+    raises the ValueError naming the limit)."""
+    for cfg in (DEFAULT_CONFIG, *DEFAULT_FALLBACKS):
+        if cfg.supports(N, K):
+            return cfg
+    return DEFAULT_CONFIG
+
+
 def _run(a, b, weight, bias, eps, norm: str, config):
     args, grid, kwargs, y, mean, rstd, _ = _prepare(a, b, weight, bias, eps, norm, config, need_cuda=True)
     _naive_fusion_ws_kernel[grid](*args, **kwargs)
@@ -570,7 +590,8 @@ def matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
             within the config's limits (``TilingConfig.plan``).
         weight, bias: contiguous ``[N]`` of a's dtype on a's device (read as fp32), or None.
         eps: added to the variance inside the rsqrt (finite, > 0).
-        config: ``TilingConfig``, a dict of overrides, or None for ``DEFAULT_CONFIG``.
+        config: ``TilingConfig``, a dict of overrides, or None (or ``{}``) for ``default_config(N, K)``:
+            ``DEFAULT_CONFIG`` where its resident B fits, else B streamed.
 
     Returns:
         ``(y [M, N] a.dtype, mean [M] fp32, rstd [M] fp32)``.

@@ -117,6 +117,10 @@ class TilingConfig(TilingConfigBase):
     * ``num_warps`` (power of 2 in [1, 32] or None): None gives ~``THREAD_ELEMS`` elements per thread,
       ``clamp(next_pow2(ROWS * BLOCK_N / (32 * THREAD_ELEMS)), 4, 32)``.
     * ``PERSISTENT`` (bool): persistent grid over row tiles instead of one program per tile.
+    * ``REREAD`` (bool): the looped two-pass kernel even when the row fits in one ``BLOCK_N`` chunk: statistics
+      pass (``evict_last``), then a re-read of the row (from L1/L2, ``evict_first``) to normalize and store. This
+      is Inductor's kernel shape for wide rows (one row per program, 16-32 warps); it keeps fewer values live
+      than holding the row in registers across the reduction.
 
     Construction with a bad value (wrong type included) raises ValueError naming the constraint.
     """
@@ -127,6 +131,7 @@ class TilingConfig(TilingConfigBase):
     THREAD_ELEMS: int = 32
     num_warps: int | None = None
     PERSISTENT: bool = False
+    REREAD: bool = False
 
     def __post_init__(self):
         for name, lo, hi in (("BLOCK_N", 16, _MAX_BLOCK_N), ("ROWS", 1, _MAX_ROWS), ("TILE_BYTES", 1024, 1 << 20),
@@ -139,8 +144,9 @@ class TilingConfig(TilingConfigBase):
                                  f"got {v!r}")
             if not (_is_pow2(v) and lo <= v <= hi):
                 raise ValueError(f"TilingConfig.{name}={v} must be a power of 2 in [{lo}, {hi}]")
-        if not isinstance(self.PERSISTENT, bool):
-            raise ValueError(f"TilingConfig.PERSISTENT must be a bool, got {self.PERSISTENT!r}")
+        for name in ("PERSISTENT", "REREAD"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"TilingConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
 
 DEFAULT_CONFIG = TilingConfig()
@@ -316,7 +322,7 @@ def launch_params(M: int, N: int, dtype: torch.dtype, config=None, *, num_sms: i
         block_n = full if N <= _MAX_WHOLE_ROW else _AUTO_LOOP_BLOCK_N
     else:
         block_n = min(cfg.BLOCK_N, full)
-    looped = block_n < N
+    looped = block_n < N or cfg.REREAD
     if cfg.ROWS is None:
         rows = max(1, cfg.TILE_BYTES // (block_n * itemsize))
         rows = min(1 << (rows.bit_length() - 1), triton.next_power_of_2(M), _MAX_ROWS)

@@ -73,6 +73,7 @@ METRIC_LABELS = {
     "hidden_best": "% of norm latency hidden\n(vs the best unfused pair)",
     "saving": "% latency saving", "sdpa_fraction": "% of SDPA's TFLOP/s", "frac_cublas": "% of cuBLAS",
     "speedup_vs_unfused": "× SDPA + norms", "speedup": "× unfused", "gbps": "GB/s", "tflops": "TFLOP/s",
+    "compile_ratio": "× torch.compile\n(speed ratio, same shape)",
 }
 BLOG_LABEL = "blog, B200 @ 750 W (TLX)"  # default title of the blog panel (a spec's BLOG_LABEL overrides it)
 WIDTHS = {"": 7.0, "_1col": 3.5}  # file-name suffix -> figure width in inches (full page width, one column)

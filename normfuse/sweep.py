@@ -340,7 +340,7 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
             raise ValueError(f"debug.inject entries look like 'crash@<pattern>' or 'hang@<pattern>', got {spec!r}")
         inject[pattern] = what
     calibration = meta.get("calibration") or calibration
-    completed, measured, interrupted, config_error = False, 0, False, False
+    completed, measured, windows, interrupted, config_error = False, 0, 0, False, False
     gpu_before, uuid, mismatches, gpu_props = {"available": False}, None, [], {}
     common = {"run_id": run_id, "experiment": cfg["experiment_name"], "hardware": cfg["hardware"]["name"],
               "replicate": replicate, **git}
@@ -423,6 +423,7 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
                 tell(label)
                 res = _paired_window(pool, gkey, gpoints, store, run_dir, cfg, paired_cfg, nonce, common, uuid,
                                      on_wait=lambda t, lb=label: tell(lb, elapsed=t))
+                windows += 1
                 step += 1
                 if prog is not None:
                     prog.advance(task)
@@ -447,22 +448,28 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
             # meta.json also when the sweep is interrupted (Ctrl-C, SIGTERM, a time budget): the rows already measured
             # keep their hardware, versions and calibration
             gpu_after = hardware.read_gpu(uuid=uuid)
-            meta.update({"run_id": run_id, "experiment": cfg["experiment_name"], "mode": run_mode, "replicate": replicate,
-                         "created": meta.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                         "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                         "hardware_config": cfg["hardware"], "hardware_before": gpu_before, "hardware_after": gpu_after,
-                         "hardware_mismatches": sorted(set(meta.get("hardware_mismatches", [])) | set(mismatches)),
-                         "versions": versions, "calibration": calibration, **git, "config": cfg,
-                         "invocations": meta.get("invocations", []) + [{
-                             "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git["git_sha"],
-                             "dsls": list(cfg.get("dsls") or {}), "shape": cfg["shape"].get("name"),
-                             "tiling": sorted(cfg.get("tiling") or {}), "points": len(points), "measured": measured,
-                             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_uuid": uuid}],
-                         "timing_note": _timing_note(cfg, run_mode, paired_cfg)})
-            if not completed:
-                meta["interrupted"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            invocation = {"time": now, "git_sha": git["git_sha"], "dsls": list(cfg.get("dsls") or {}),
+                          "shape": cfg["shape"].get("name"), "tiling": sorted(cfg.get("tiling") or {}),
+                          "points": len(points), "measured": measured, "windows": windows,
+                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_uuid": uuid}
+            if meta and not measured and not windows:
+                # an invocation that measured nothing (a resume with nothing left, or one stopped before its first
+                # point): the run's commit, hardware and config stay those of the invocations that measured it
+                meta["invocations"] = meta.get("invocations", []) + [invocation]
             else:
-                meta.pop("interrupted", None)
+                meta.update({"run_id": run_id, "experiment": cfg["experiment_name"], "mode": run_mode,
+                             "replicate": replicate, "created": meta.get("created") or now, "updated": now,
+                             "hardware_config": cfg["hardware"], "hardware_before": gpu_before,
+                             "hardware_after": gpu_after,
+                             "hardware_mismatches": sorted(set(meta.get("hardware_mismatches", [])) | set(mismatches)),
+                             "versions": versions, "calibration": calibration, **git, "config": cfg,
+                             "invocations": meta.get("invocations", []) + [invocation],
+                             "timing_note": _timing_note(cfg, run_mode, paired_cfg)})
+                if not completed:
+                    meta["interrupted"] = now
+                else:
+                    meta.pop("interrupted", None)
             meta_path.write_text(json.dumps(meta, indent=2, default=str))
     finalize(run_dir, console=console)
     return run_dir

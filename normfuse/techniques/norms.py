@@ -30,6 +30,10 @@ IMPLS = ("norm",)
 NORM_IMPLS = ("torch_compile_norm", "torch_eager_norm", "liger_norm")
 # kernel function name per variant in kernels_<dsl>/norms.py
 KERNEL_FUNCTIONS = {"rmsnorm": "rms_norm", "layernorm": "layer_norm"}
+# judged by the speed ratio to torch.compile's kernel for the same shape (>= 1: at least as fast; issue 13's target:
+# never slower beyond the measurement interval, i.e. not "missed")
+PRIMARY_METRIC = "compile_ratio"
+TARGETS = {"compile_ratio": 1.0}
 
 
 def check_shape(M: int, N: int, K=None) -> None:
@@ -128,6 +132,24 @@ def flops(impl: str, M: int, N: int, K=None) -> float:
 def bytes_moved(impl: str, M: int, N: int, K=None, itemsize: int = 2) -> float:
     """The fewest bytes: read x, write y (the fp32 statistics, 4-8 bytes a row, are ignored)."""
     return 2.0 * M * N * itemsize
+
+
+def add_metrics(df):
+    """Technique metric of a run or of one paired round (``normfuse.metrics.add_technique_metrics`` calls it):
+    ``compile_ratio = T_torch_compile_norm / T`` (a ratio; > 1 = faster than torch.compile's kernel for the same
+    shape, variant, M, N and dtype) for every timed row of a shape that has a torch.compile row. Returns a copy of
+    the pandas DataFrame with that column."""
+    import numpy as np
+    import pandas as pd
+
+    df = df.copy()
+    df["compile_ratio"] = np.nan
+    t = pd.to_numeric(df["p50_ms"], errors="coerce") if "p50_ms" in df else pd.Series(np.nan, index=df.index)
+    ok = (df["status"] == "ok") & df["technique"].eq(NAME) & t.notna()
+    keys = [df[c] for c in ("variant", "M", "N", "dtype")]
+    t_ref = t.where(ok & (df["impl"] == "torch_compile_norm")).groupby(keys, dropna=False).transform("min")
+    df.loc[ok, "compile_ratio"] = (t_ref / t)[ok]
+    return df
 
 
 # --- how the worker calls each implementation ----------------------------------------------------------------

@@ -500,6 +500,22 @@ def test_ln_shipped_configs():
     assert DEFAULT_CONFIG.smem_bytes(layernorm=False) == DEFAULT_CONFIG.smem_bytes()
 
 
+def test_ln_default_config_fits(monkeypatch):
+    """``lazy_layernorm_matmul(config=None)`` launches a config that passes its own shared-memory check (it used to
+    take DEFAULT_CONFIG, which the check then refused on the GPU: found by the GPU contract test)."""
+    seen = {}
+    monkeypatch.setattr(ktlx, "_run", lambda a, b, eps, fuse, config, ln: seen.setdefault("config", config))
+    a, b, cs = torch.randn(128, 64), torch.randn(64, 256), torch.zeros(256)
+    for config in (None, {}):  # no overrides: the op's own default (the runner and gpu_checks pass {})
+        seen.clear()
+        ktlx.lazy_layernorm_matmul(a.half(), b.half(), cs, cs, config=config)
+        cfg = TilingConfig.from_dict(seen["config"])
+        assert cfg == ktlx.DEFAULT_LN_CONFIG and cfg.smem_bytes(layernorm=True) <= SMEM_LIMIT_BYTES
+    seen.clear()
+    ktlx.lazy_layernorm_matmul(a.half(), b.half(), cs, cs, config={"REUSE_RSTD": True, "LN_EPILOGUE_MMA": False})
+    assert seen["config"] == {"REUSE_RSTD": True, "LN_EPILOGUE_MMA": False}  # overrides stay overrides
+
+
 @pytest.mark.parametrize("name", list(LN_COMPILE_CONFIGS))
 @pytest.mark.parametrize("shape", LN_COMPILE_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_ln_compile_sm90(ln_compiled, name, shape):

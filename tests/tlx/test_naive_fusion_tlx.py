@@ -383,6 +383,10 @@ def test_plan_limits_name_the_constraint():
     with pytest.raises(ValueError, match="shared memory.*B streamed"):
         TilingConfig(BLOCK_M=64, BLOCK_K=128, NUM_STAGES=8, B_RESIDENT=False).plan(512, 4096)
     assert TilingConfig(BLOCK_M=64, B_RESIDENT=False, BLOCK_K=32).supports(512, 8192)  # streamed B: any K
+    # config=None: DEFAULT_CONFIG where resident B fits, streamed B where it does not (the drop-ins' K = 4096)
+    assert nf.default_config(256, 256) == nf.DEFAULT_CONFIG
+    assert not nf.DEFAULT_CONFIG.supports(256, 4096) and nf.default_config(256, 4096).supports(256, 4096)
+    assert not nf.default_config(256, 4096).B_RESIDENT
     assert TilingConfig().max_n() == 256 and TilingConfig(BLOCK_M=64).max_n() == 512 == MAX_N
     assert TilingConfig(BLOCK_M=64, WG_BLOCK_N=128).max_n() == 512
     assert TilingConfig(WG_BLOCK_N=128).max_n() == 256
