@@ -91,6 +91,8 @@ CASES = [
     ("looped-1chunk+tail", 3, 300, LOOP),
     ("persistent", 203, 1000, {"PERSISTENT": True, "ROWS": 2}),
     ("persistent-looped", 50, 1000, {"PERSISTENT": True, "ROWS": 2, "BLOCK_N": 256}),
+    ("reread", 9, 1000, {"REREAD": True}),  # the two-pass kernel over one whole-row chunk (Inductor's shape)
+    ("reread-rows", 21, 512, {"REREAD": True, "ROWS": 4, "num_warps": 1}),
 ]
 results = {"basic": [], "large": [], "shift": [], "nan": [], "eps": []}
 for dtype in ("fp32", "fp16"):
@@ -172,6 +174,7 @@ def test_interpreter_basic(interp):
     # the cases exercise what they claim: looped, several rows per program, a persistent grid that loops
     by = {r["label"]: r for r in rows}
     assert by["looped"]["looped"] and by["looped-odd"]["looped"] and not by["rows"]["looped"]
+    assert by["reread"]["looped"] and by["reread-rows"]["looped"] and by["reread-rows"]["rows"] == 4
     assert by["rows"]["rows"] > 1 and by["tiny"]["rows"] > 1
     assert by["persistent"]["programs"] < by["persistent"]["tiles"]
     assert by["persistent-looped"]["programs"] < by["persistent-looped"]["tiles"]
@@ -307,6 +310,10 @@ def test_launch_params_rules():
     assert (p["BLOCK_N"], p["LOOPED"]) == (8192, True)
     assert launch_params(4096, 4096, bf16, {"BLOCK_N": 8192})["BLOCK_N"] == 4096  # clamped: whole row
     assert launch_params(4096, 1 << 17, bf16)["LOOPED"]  # None beyond 64K: looped
+    p = launch_params(4096, 8192, bf16, {"REREAD": True, "ROWS": 1, "THREAD_ELEMS": 16})  # Inductor's N = 8192 shape
+    assert p["LOOPED"] and p["BLOCK_N"] == 8192 and p["num_warps"] == 16 and p["ROWS"] == 1
+    with pytest.raises(ValueError, match="REREAD must be a bool"):
+        TilingConfig(REREAD=1)
     assert launch_params(3, 1000, bf16)["ROWS"] == 4  # at most next_pow2(M)
     assert launch_params(4095, 4095, bf16)["ALIGN"] == 1
     p = launch_params(262144, 1024, bf16, {"PERSISTENT": True}, num_sms=132)

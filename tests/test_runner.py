@@ -36,10 +36,17 @@ def test_crash_timeout_resume(repo_root, subprocess_env, tmp_path):
     assert all(r["mode"] in ("interpret", "cpu") for r in rows)
     assert all(r.get("p50_ms") is None for r in rows)         # CPU mode makes no timing claims
 
-    # resume: nothing to do, nothing duplicated
-    p = _run(repo_root, subprocess_env, tmp_path, *common)
+    # resume: nothing to do, nothing duplicated; the run's meta.json keeps the commit of the invocation that
+    # measured it (a no-op resume from another commit, or another host, is only listed under invocations)
+    before = json.loads((run_dir / "meta.json").read_text())
+    p = _run(repo_root, {**subprocess_env, "NORMFUSE_GIT_SHA": "0123456789ab"}, tmp_path, *common)
     assert "0 to run" in p.stderr
     assert len((run_dir / "results.jsonl").read_text().splitlines()) == 6
+    after = json.loads((run_dir / "meta.json").read_text())
+    assert after["git_sha"] == before["git_sha"] != "0123456789ab" and after["updated"] == before["updated"]
+    last = after["invocations"][-1]
+    assert len(after["invocations"]) == len(before["invocations"]) + 1
+    assert last["git_sha"] == "0123456789ab" and last["measured"] == 0 and last["windows"] == 0
 
     # retry the failed points (no fault injected this time)
     _run(repo_root, subprocess_env, tmp_path, *common, "retry_statuses=[error,timeout,skipped]")

@@ -200,3 +200,25 @@ def test_bandwidth_plot_and_summary_for_norms(tmp_path):
     paths = report.make_plots(df, tmp_path, "gpu", {"calibration": {"copy_tbps": 4.25}})
     assert {p.name for p in paths} == {"bandwidth.png", "bandwidth.pdf", "bandwidth_1col.png", "bandwidth_1col.pdf"}
     assert "best GB/s" in report.summary(df, "gpu")
+
+
+def test_norms_compile_ratio_and_verdicts():
+    """norms' technique metric ``compile_ratio = T_torch.compile / T`` (per shape and variant; NaN without a
+    torch.compile row or for a failed point), and the report's verdict against its target 1.0 from intervals."""
+    from normfuse import paired, report
+    from normfuse.techniques import norms
+
+    base = {"technique": "norms", "M": 4096, "K": None, "dtype": "bf16", "status": "ok", "config_name": "c"}
+    rows = [{**base, "variant": "rmsnorm", "N": 512, "dsl": "torch", "impl": "torch_compile_norm", "p50_ms": 0.02},
+            {**base, "variant": "rmsnorm", "N": 512, "dsl": "triton", "impl": "norm", "p50_ms": 0.025},
+            {**base, "variant": "rmsnorm", "N": 512, "dsl": "tlx", "impl": "norm", "p50_ms": None,
+             "status": "incorrect"},
+            {**base, "variant": "layernorm", "N": 512, "dsl": "triton", "impl": "norm", "p50_ms": 0.01}]
+    out = metrics.add_technique_metrics(pd.DataFrame(rows))
+    assert out["compile_ratio"].tolist()[:2] == pytest.approx([1.0, 0.8])
+    assert out["compile_ratio"].iloc[2:].isna().all()  # failed point; no torch.compile row for LayerNorm
+    spec = norms
+    assert report.primary_metric(spec) == "compile_ratio" and report.target(spec, "compile_ratio", "rmsnorm",
+                                                                            4096, 512, None) == 1.0
+    assert paired.verdict(0.95, 0.99, 1.0) == "missed" and paired.verdict(0.99, 1.01, 1.0) == "not resolved"
+    assert paired.verdict(1.001, 1.01, 1.0) == "met"

@@ -8,7 +8,7 @@ candidate config when Inductor tuned several.
 
     python3 tools/inductor_norms.py --out DIR [--M 262144 4096] [--N 512 1024 ...]
 
-Writes ``DIR/<norm>_<M>x<N>.py`` (the kernel sources) and ``DIR/inductor_norms.jsonl`` (one row per kernel).
+Writes ``DIR/<norm>_<M>x<N>.kernel.txt`` (the kernel sources, Triton-Python text) and ``DIR/inductor_norms.jsonl`` (one row per kernel).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def dump(norm: str, M: int, N: int, out: Path) -> list[dict]:
                      "inductor_meta": {k: str(v) for k, v in (getattr(a, "inductor_meta", {}) or {}).items()},
                      "p50_ms": ms, "GBps": 2 * M * N * 2 / ms / 1e6})
         sources.append(f"# {norm} {M}x{N}: chosen {best}\n# candidates {cands}\n{src}\n")
-    (out / f"{norm}_{M}x{N}.py").write_text("\n".join(sources))
+    (out / f"{norm}_{M}x{N}.kernel.txt").write_text("\n".join(sources))
     return rows
 
 
