@@ -170,7 +170,7 @@ def _bad(rows):
 def test_interpreter_basic(interp):
     rows = interp["results"]["basic"]
     assert not _bad(rows), json.dumps(_bad(rows), indent=1)
-    assert len(rows) == 2 * 10 * 2 * 2
+    assert len(rows) == 2 * 12 * 2 * 2  # dtypes x CASES x affine x variants
     # the cases exercise what they claim: looped, several rows per program, a persistent grid that loops
     by = {r["label"]: r for r in rows}
     assert by["looped"]["looped"] and by["looped-odd"]["looped"] and not by["rows"]["looped"]
