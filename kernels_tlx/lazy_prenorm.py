@@ -96,7 +96,6 @@ Sources:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -106,7 +105,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from normfuse.techniques import lazy_prenorm as _spec
-from normfuse.tiling import TilingConfigBase
+from normfuse.tiling import TilingConfigBase, no_overrides
 from normfuse.validate import check_eps, check_forward_only
 
 SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
@@ -791,8 +790,7 @@ def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch
     TLX, https://github.com/facebookexperimental/triton
     """
     check_forward_only("lazy_prenorm.lazy_layernorm_matmul", a=a, b_folded=b_folded, colsum=colsum, beta_b=beta_b)
-    default = config is None or (isinstance(config, Mapping) and not config)  # no overrides: this op's default
-    return _run(a, b_folded, eps, True, DEFAULT_LN_CONFIG if default else config, (colsum, beta_b))
+    return _run(a, b_folded, eps, True, DEFAULT_LN_CONFIG if no_overrides(config) else config, (colsum, beta_b))
 
 
 def _ptx_extras(ptx: str) -> dict:

@@ -101,7 +101,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -113,7 +112,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels_tlx.lazy_prenorm import matmul  # noqa: F401  (re-export: the same DSL's GEMM, T_gemm_dsl)
 from kernels_tlx import lazy_prenorm as _lp
 from normfuse.techniques import naive_fusion as _nf_spec
-from normfuse.tiling import TilingConfigBase
+from normfuse.tiling import TilingConfigBase, no_overrides
 from normfuse.validate import check_eps, check_forward_only
 
 SMEM_LIMIT_BYTES, REGISTER_FILE = _lp.SMEM_LIMIT_BYTES, _lp.REGISTER_FILE  # 227 KB opt-in smem, 64 K registers
@@ -516,7 +515,7 @@ def _prepare(a, b, weight, bias, eps, norm: str, config, *, need_cuda: bool, num
     """Validate, plan, allocate outputs; returns (kernel args, grid, constexpr kwargs, y, mean, rstd, plan)."""
     if norm not in _NORM_CODE:
         raise ValueError(f"unknown norm {norm!r}; choices: {', '.join(_NORM_CODE)}")
-    cfg = None if _is_default(config) else TilingConfig.from_dict(config)
+    cfg = None if no_overrides(config) else TilingConfig.from_dict(config)
     M, N, K = _validate(a, b, weight, bias, eps, norm)
     cfg = cfg or default_config(N, K)
     p = cfg.plan(N, K, a.element_size())  # before the device check: the message names the limit on any device
@@ -555,11 +554,6 @@ def _prepare(a, b, weight, bias, eps, norm: str, config, *, need_cuda: bool, num
         num_stages=1,  # no compiler pipelining: the ring is explicit
     )
     return args, grid, kwargs, y, mean, rstd, p
-
-
-def _is_default(config) -> bool:
-    """None or an empty mapping: no overrides, the op picks its default (``default_config``)."""
-    return config is None or (isinstance(config, Mapping) and not config)
 
 
 def default_config(N: int, K: int) -> TilingConfig:

@@ -14,6 +14,12 @@ class ConfigError(ValueError):
     Subclasses ValueError, so callers that catch ValueError keep working."""
 
 
+def no_overrides(config) -> bool:
+    """True for None or an empty mapping: the caller asked for no tiling overrides, so an op may pick its own
+    default (e.g. one that fits the shape) instead of the config class's field defaults."""
+    return config is None or (isinstance(config, Mapping) and not config)
+
+
 def config_from_mapping(cls, d):
     """``cls()`` for None, ``d`` itself for an instance of ``cls``, else ``cls(**d)`` with lists turned into
     tuples (configs are frozen and hashable). Raises TypeError for anything else (not a mapping), and
