@@ -8,7 +8,7 @@ and nothing here is timed. Upstream tests run under this interpreter, tests/tlx 
     python3 tools/gpu_tests_parallel.py --jobs 8 --timeout 300 [-k EXPR] --log-dir LOGS
 
 Writes one log per test under ``LOGS/tests/`` and prints one line per test (PASSED / SKIPPED / FAILED / ERROR /
-TIMEOUT, seconds, node id), then a summary; exits 1 when any test did not pass.
+TIMEOUT, seconds, node id) as each finishes, then a summary; exits 1 when any test did not pass.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 
@@ -68,8 +68,10 @@ def main(argv=None) -> int:
     todo = [(n, False) for n in collect(False, a.k)] + [(n, True) for n in collect(True, a.k)]
     print(f"{len(todo)} GPU tests, {a.jobs} at a time", flush=True)
     results = []
-    with ThreadPoolExecutor(a.jobs) as pool:
-        for status, secs, node in pool.map(lambda t: run_one(t[0], t[1], a.timeout, a.log_dir / "tests"), todo):
+    with ThreadPoolExecutor(a.jobs) as pool:  # printed as they finish: a budget cut keeps every finished line
+        futures = [pool.submit(run_one, n, tlx, a.timeout, a.log_dir / "tests") for n, tlx in todo]
+        for fut in as_completed(futures):
+            status, secs, node = fut.result()
             print(f"{status:8s} {secs:6.0f} s  {node}", flush=True)
             results.append(status)
     bad = sum(s != "PASSED" for s in results)
