@@ -59,6 +59,17 @@ same ``_tile_range`` / ``_tile_coords`` helpers, so the (tile, k) sequences -- a
 phases below -- stay identical; the ring protocol itself is unchanged (a skipped ``local_load`` only removes
 one of the two conditions for releasing a slot).
 
+**Statistics off the consumers** (``TilingConfig.STATS_IN_PRODUCER`` / ``STATS_WARPGROUP``, fused ops only):
+the consumers run the plain GEMM loop (no ``local_load`` in their wgmma windows) and the per-row statistics of
+every tile are computed by the producer warpgroup (a flat loop that issues the TMA loads of K step ``j`` and then
+reads the A slices of step ``j - (NUM_STAGES - 1)``, ``_producer_with_stats``) or by a fourth, 4-warp task
+(``_stats_task_tile``; 16 warps cap every thread at 128 registers, so only BLOCK_N <= 128 compiles). Either reader
+is one more arrival on ``empty[s]`` (arrive count NUM_CONSUMERS + 1); at the end of a tile it writes rstd (and
+``d``) into buffer set ``t % 2`` and arrives on ``stats_full[t % 2]`` (count 1); each consumer waits on it before
+its last ``wait_group 0`` and arrives on ``stats_empty[t % 2]`` (count NUM_CONSUMERS) after its last read, which
+the writer waits for (parity ``((t // 2) & 1) ^ 1``) before reusing the set two tiles later. The GEMM of such a
+config is the plain kernel.
+
 **LayerNorm** (``lazy_layernorm_matmul``: constexpr ``LAYERNORM``; math in ``normfuse.techniques.lazy_prenorm``):
 ``C = rstd ⊙ (A @ B_folded) - (rstd * mean) ⊗ colsum + beta_b``. Same kernel, same ring and barrier protocol. Each
 consumer loads its rows' shift ``c = A[:, 0]`` from global memory at the start of a tile (64 values, before its
@@ -130,16 +141,21 @@ def ws_stage_errors(BLOCK_K: int, NUM_STAGES: int) -> list[str]:
     return errors
 
 
-def consumer_register_errors(NUM_CONSUMERS: int, CONSUMER_REGS: int) -> list[str]:
+def consumer_register_errors(NUM_CONSUMERS: int, CONSUMER_REGS: int, STATS_REGS: int | None = None) -> list[str]:
     """``setmaxnreg`` limits of the consumer warpgroups and the register file they share with the 4-warp producer
-    (for 1 or 2 consumers; other counts are rejected by the caller); one message per violated limit."""
+    (for 1 or 2 consumers; other counts are rejected by the caller) and, when ``STATS_REGS`` is given, with a
+    statistics warpgroup of 128 threads at ``STATS_REGS`` registers; one message per violated limit."""
     if CONSUMER_REGS % 8 or not 24 <= CONSUMER_REGS <= 256:
         return [f"CONSUMER_REGS={CONSUMER_REGS} must be a multiple of 8 in [24, 256] (setmaxnreg)"]
+    if STATS_REGS is not None and (STATS_REGS % 8 or not 24 <= STATS_REGS <= 256):
+        return [f"STATS_REGS={STATS_REGS} must be a multiple of 8 in [24, 256] (setmaxnreg)"]
     if NUM_CONSUMERS in (1, 2):
         used = NUM_CONSUMERS * 128 * CONSUMER_REGS + _PRODUCER_WARPS * 32 * _MIN_PRODUCER_REGS
+        stats = "" if STATS_REGS is None else f" + statistics warpgroup 128 x {STATS_REGS}"
+        used += 0 if STATS_REGS is None else 128 * STATS_REGS
         if used > REGISTER_FILE:
             return [f"register file: {NUM_CONSUMERS} consumers x 128 threads x {CONSUMER_REGS} "
-                    f"regs + producer minimum = {used} > {REGISTER_FILE}"]
+                    f"regs{stats} + producer minimum = {used} > {REGISTER_FILE}"]
     return []
 
 
@@ -177,6 +193,28 @@ class TilingConfig(TilingConfigBase):
             default -- or broadcast the colsum / beta_b values to the accumulator in registers (False: every
             thread loads the 2 x BLOCK_N / 4 values of its accumulator columns per tile; at BLOCK_N = 256 that
             spills 336 bytes per thread in the epilogue).
+        STATS_WARPGROUP: only the fused ops: one more 4-warp task, the *statistics warpgroup*, computes the
+            per-row statistics (sum of squares; for LayerNorm the shifted sums) instead of the consumers. It
+            waits on the same ``full[s]`` barrier as the consumers, reads the whole [BLOCK_M, BLOCK_K] A stage
+            from shared memory, releases the slot (``empty[s]`` then counts NUM_CONSUMERS + 1 arrivals) and, at
+            the end of each tile, writes rstd (and the LayerNorm ``d``) into one of two per-tile shared buffers
+            and arrives on its ``stats_full`` mbarrier; the consumers (wgmma + epilogue only, like the GEMM) wait
+            on it in the epilogue and release the buffer (``stats_empty``). The per-tile statistic is still
+            recomputed for every N-tile, but off the consumers' critical path. The GEMM (``matmul``) of such a
+            config has no statistics task. Needs REUSE_RSTD=False and BLOCK_N <= 128: with 16 warps ptxas
+            compiles every thread for at most 65536 / 512 = 128 registers and refuses the m64n256 wgmma (C7602,
+            needs >= 154), whatever the setmaxnreg values. Default False.
+        STATS_IN_PRODUCER: only the fused ops: the same statistics and hand-off as STATS_WARPGROUP, computed by
+            the producer warpgroup (12 warps, so BLOCK_N = 256 compiles): one flat loop over the CTA's K steps
+            issues the TMA loads of step j and then takes the statistics of step j - (NUM_STAGES - 1) (see
+            ``_producer_with_stats``). The producer's registers are what the consumers leave (TLX gives it
+            about ``512 - NUM_CONSUMERS * CONSUMER_REGS - 8`` per thread; it needs ~64, ~80 for LayerNorm, so the
+            shipped configs use CONSUMER_REGS = 200). Needs REUSE_RSTD=False; exclusive with STATS_WARPGROUP.
+            Default False.
+        STATS_REGS: ``setmaxnreg`` register count of the statistics warpgroup's threads (multiple of 8); it
+            shares the 64 K register file with the consumers (CONSUMER_REGS) and the producer, so
+            ``NUM_CONSUMERS * CONSUMER_REGS + STATS_REGS`` must leave the producer its minimum. Ignored unless
+            STATS_WARPGROUP.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -192,6 +230,9 @@ class TilingConfig(TilingConfigBase):
     CONSUMER_REGS: int = 232
     REUSE_RSTD: bool = False
     LN_EPILOGUE_MMA: bool = True
+    STATS_WARPGROUP: bool = False
+    STATS_REGS: int = 56
+    STATS_IN_PRODUCER: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors()
@@ -210,13 +251,25 @@ class TilingConfig(TilingConfigBase):
         if not 32 <= self.BLOCK_N <= 256:
             errors.append(f"BLOCK_N={self.BLOCK_N} must be in [32, 256] (wgmma N and TMA box limits)")
         errors += ws_stage_errors(self.BLOCK_K, self.NUM_STAGES)
-        errors += consumer_register_errors(self.NUM_CONSUMERS, self.CONSUMER_REGS)
+        errors += consumer_register_errors(self.NUM_CONSUMERS, self.CONSUMER_REGS,
+                                           self.STATS_REGS if self.STATS_WARPGROUP else None)
         if not errors and self.acc_regs_per_thread + 64 > self.CONSUMER_REGS:
             errors.append(f"accumulator registers: {self.rows_per_consumer}x{self.BLOCK_N} fp32 per warpgroup = "
                           f"{self.acc_regs_per_thread} regs/thread, needs CONSUMER_REGS >= "
                           f"{self.acc_regs_per_thread + 64} (64 for addresses, the A slice and the norm)")
         if self.REUSE_RSTD and not self.PERSISTENT:
             errors.append("REUSE_RSTD=True needs PERSISTENT=True (rstd is reused across the N-tiles one CTA walks)")
+        for name in ("STATS_WARPGROUP", "STATS_IN_PRODUCER"):
+            if getattr(self, name) and self.REUSE_RSTD:
+                errors.append(f"{name}=True needs REUSE_RSTD=False (the statistic of every tile is computed off "
+                              "the consumers' path; combining both is not implemented)")
+        if self.STATS_WARPGROUP and self.STATS_IN_PRODUCER:
+            errors.append("STATS_WARPGROUP and STATS_IN_PRODUCER are exclusive (who computes the statistics)")
+        if self.STATS_WARPGROUP and self.BLOCK_N > 128:
+            # 16 warps = 512 threads: ptxas caps every task at 65536 / 512 = 128 registers (.maxnreg; setmaxnreg
+            # does not raise the compile-time limit), and an m64n256 wgmma's 128 accumulators need >= 154
+            errors.append(f"STATS_WARPGROUP=True needs BLOCK_N <= 128 (got {self.BLOCK_N}): with the 4 extra "
+                          "warps every thread is compiled for at most 128 registers (use STATS_IN_PRODUCER)")
         if not errors and self.smem_bytes() > SMEM_LIMIT_BYTES:
             errors.append(f"shared memory: estimated {self.smem_bytes()} B > {SMEM_LIMIT_BYTES} B (227 KB) "
                           f"for NUM_STAGES={self.NUM_STAGES}, tile {self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}, "
@@ -237,7 +290,19 @@ class TilingConfig(TilingConfigBase):
 
     @property
     def num_warps_total(self) -> int:
-        """Warps per CTA: 4 (producer) + 4 per consumer."""
+        """Warps per CTA of the fused ops: 4 (producer) + 4 per consumer (+ 4 for the STATS_WARPGROUP task;
+        the GEMM has ``num_warps_gemm``)."""
+        return self.num_warps_gemm + (4 if self.STATS_WARPGROUP else 0)
+
+    @property
+    def stats_off_consumers(self) -> bool:
+        """The fused ops' statistics are computed outside the consumer warpgroups (STATS_WARPGROUP or
+        STATS_IN_PRODUCER) and handed to them per tile through double-buffered shared memory."""
+        return self.STATS_WARPGROUP or self.STATS_IN_PRODUCER
+
+    @property
+    def num_warps_gemm(self) -> int:
+        """Warps per CTA of ``matmul``: 4 (producer) + 4 per consumer (never a statistics warpgroup)."""
         return _PRODUCER_WARPS + 4 * self.NUM_CONSUMERS
 
     def smem_bytes(self, itemsize: int = 2, layernorm: bool = False) -> int:
@@ -247,10 +312,13 @@ class TilingConfig(TilingConfigBase):
         wgmma plus the conversion scratch of its [rows, 16] A operands. Checked against the compiler's ``metadata.shared`` in tests/tlx."""
         ring = self.NUM_STAGES * (self.BLOCK_M * self.BLOCK_K + self.BLOCK_K * self.BLOCK_N) * itemsize
         epilogue = self.BLOCK_M * (self.BLOCK_N // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
-        misc = self.BLOCK_M * 4 + 2 * self.NUM_STAGES * 8 + 1024
+        stat_bufs = 2 if self.stats_off_consumers else 1  # then double-buffered per tile (+ 4 mbarriers)
+        misc = stat_bufs * self.BLOCK_M * 4 + 2 * self.NUM_STAGES * 8 + 1024
+        if self.stats_off_consumers:
+            misc += 4 * 8
         if layernorm:  # + the register A operand's trip through shared memory into the wgmma operand layout
             ext = self.NUM_CONSUMERS * 16 * (self.BLOCK_N + self.rows_per_consumer) * itemsize
-            misc += self.BLOCK_M * 4 + (ext if self.LN_EPILOGUE_MMA else 0)
+            misc += stat_bufs * self.BLOCK_M * 4 + (ext if self.LN_EPILOGUE_MMA else 0)
         return ring + epilogue + misc
 
 
@@ -268,6 +336,14 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "s4_subtile": TilingConfig(NUM_STAGES=4, EPILOGUE_SUBTILE=True),
     "reuse_rstd": TilingConfig(REUSE_RSTD=True),
     "reuse_rstd_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, REUSE_RSTD=True),
+    # the statistics off the consumers' path (the consumers then run the plain GEMM loop): in the producer
+    # warpgroup (CONSUMER_REGS 200 leaves it 104 registers; the consumers use < 200), or in a 4th warpgroup, which
+    # needs BLOCK_N <= 128 (16 warps: 128 registers per thread at compile time); see TilingConfig.STATS_*
+    "stats_producer": TilingConfig(STATS_IN_PRODUCER=True, CONSUMER_REGS=200),
+    "stats_producer_s4_subtile": TilingConfig(NUM_STAGES=4, EPILOGUE_SUBTILE=True, STATS_IN_PRODUCER=True,
+                                              CONSUMER_REGS=200),
+    "stats_warpgroup_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, STATS_WARPGROUP=True, CONSUMER_REGS=192,
+                                             STATS_REGS=56),
 }
 # LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
 # with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the
@@ -276,6 +352,10 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     "ln_reuse_rstd_subtile": TilingConfig(REUSE_RSTD=True, EPILOGUE_SUBTILE=True),
     "ln_subtile": TilingConfig(EPILOGUE_SUBTILE=True),
     "ln_reuse_rstd_broadcast": TilingConfig(REUSE_RSTD=True, LN_EPILOGUE_MMA=False),
+    # the statistics (shifted sums) off the consumers' path, as the RMSNorm "stats_*" configs
+    "ln_stats_producer_subtile": TilingConfig(EPILOGUE_SUBTILE=True, STATS_IN_PRODUCER=True, CONSUMER_REGS=200),
+    "ln_stats_warpgroup_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, STATS_WARPGROUP=True, CONSUMER_REGS=192,
+                                                STATS_REGS=56),
 }
 # ``lazy_layernorm_matmul(config=None)``: DEFAULT_CONFIG's tile with a half-size epilogue staging buffer, since the
 # LayerNorm epilogue's extra buffers do not fit beside DEFAULT_CONFIG's full one (235568 B > 232448 B).
@@ -434,6 +514,168 @@ def _ln_epilogue(acc, rstd_rows, rm_rows, colsum_ptr, betab_ptr, off_n, N, BM_C:
 
 
 @triton.jit
+def _stats_rows(a_bufs, s, c: tl.constexpr, shift, off_k, K, acc1, acc2, NUM_STAGES: tl.constexpr,
+                BLOCK_K: tl.constexpr, LAYERNORM: tl.constexpr, EVEN_K: tl.constexpr):
+    """STATS_WARPGROUP: add one ring slot's statistics of consumer ``c``'s A slice to ``(acc1, acc2)``: RMSNorm
+    ``acc2 += sum a^2`` (``acc1`` unused); LayerNorm ``acc1 += sum (a - shift)``, ``acc2 += sum (a - shift)^2``."""
+    a_tile = a_bufs[c * NUM_STAGES + s]
+    if LAYERNORM:
+        p1, p2 = _ln_tile_stats(a_tile, shift, off_k, K, BLOCK_K, EVEN_K)
+        acc1 += p1
+        acc2 += p2
+    else:
+        x = tlx.local_load(a_tile).to(tl.float32)
+        acc2 += tl.sum(x * x, axis=1)
+    return acc1, acc2
+
+
+@triton.jit
+def _stats_store(rstd_bufs, d_bufs, c: tl.constexpr, stat_set, acc1, acc2, K, eps, LAYERNORM: tl.constexpr):
+    """STATS_WARPGROUP: consumer ``c``'s rows of the tile's statistics into buffer set ``stat_set``."""
+    if LAYERNORM:
+        _ln_store_scales(rstd_bufs[2 * c + stat_set], d_bufs[2 * c + stat_set], acc1, acc2, K, eps)
+    else:
+        tlx.local_store(rstd_bufs[2 * c + stat_set], tl.math.rsqrt(acc2 / K + eps))
+
+
+@triton.jit
+def _stats_task_tile(a_bufs, full_bars, empty_bars, rstd_bufs, d_bufs, stats_full, stats_empty, a_ptr, off_m, M,
+                     K, eps, it, k_tiles, t_local, BM_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                     NUM_STAGES: tl.constexpr, NUM_CONSUMERS: tl.constexpr, LAYERNORM: tl.constexpr,
+                     EVEN_K: tl.constexpr):
+    """STATS_WARPGROUP: one output tile of the statistics warpgroup (4 warps, ``setmaxnreg`` STATS_REGS).
+
+    For each of the tile's ``k_tiles`` ring slots (global K-step counter ``it``, as in the other tasks): wait on
+    ``full[s]`` (parity ``(it // NUM_STAGES) & 1``), read every consumer's A slice from shared memory, add its
+    fp32 row statistics, and release the slot at once (one of the ``NUM_CONSUMERS + 1`` arrivals of
+    ``empty[s]``; the warpgroup ``bar.sync`` inside ``barrier_arrive`` orders it after all its shared loads).
+    Then wait until buffer set ``t_local % 2`` is free (``stats_empty``, parity ``((t_local // 2) & 1) ^ 1``: the
+    first two tiles pass at once), store rstd (LayerNorm: and ``d``) per consumer and arrive on ``stats_full``
+    (mbarrier arrive = release, the consumers' wait = acquire). LayerNorm shifts: ``A[row, 0]`` of each consumer's
+    rows from global memory, with the same clamped rows as the consumers (which load them too, for the
+    epilogue). Rows past M get garbage statistics (zero-filled or clamped A slices) that no consumer stores."""
+    acc1_0 = tl.zeros([BM_C], dtype=tl.float32)
+    acc2_0 = tl.zeros([BM_C], dtype=tl.float32)
+    acc1_1 = tl.zeros([BM_C], dtype=tl.float32)
+    acc2_1 = tl.zeros([BM_C], dtype=tl.float32)
+    shift0 = tl.zeros([BM_C], dtype=tl.float32)
+    shift1 = tl.zeros([BM_C], dtype=tl.float32)
+    if LAYERNORM:
+        rows0 = tl.minimum(off_m, M - 1) + tl.arange(0, BM_C)
+        shift0 = tl.load(a_ptr + rows0.to(tl.int64) * K, mask=rows0 < M, other=0.0).to(tl.float32)
+        if NUM_CONSUMERS == 2:
+            rows1 = tl.minimum(off_m + BM_C, M - 1) + tl.arange(0, BM_C)
+            shift1 = tl.load(a_ptr + rows1.to(tl.int64) * K, mask=rows1 < M, other=0.0).to(tl.float32)
+    for ki in range(0, k_tiles):
+        s = (it + ki) % NUM_STAGES
+        tlx.barrier_wait(full_bars[s], ((it + ki) // NUM_STAGES) & 1)
+        acc1_0, acc2_0 = _stats_rows(a_bufs, s, 0, shift0, ki * BLOCK_K, K, acc1_0, acc2_0, NUM_STAGES, BLOCK_K,
+                                     LAYERNORM, EVEN_K)
+        if NUM_CONSUMERS == 2:
+            acc1_1, acc2_1 = _stats_rows(a_bufs, s, 1, shift1, ki * BLOCK_K, K, acc1_1, acc2_1, NUM_STAGES,
+                                         BLOCK_K, LAYERNORM, EVEN_K)
+        tlx.barrier_arrive(empty_bars[s])
+    stat_set = t_local % 2
+    tlx.barrier_wait(stats_empty[stat_set], ((t_local // 2) & 1) ^ 1)
+    _stats_store(rstd_bufs, d_bufs, 0, stat_set, acc1_0, acc2_0, K, eps, LAYERNORM)
+    if NUM_CONSUMERS == 2:
+        _stats_store(rstd_bufs, d_bufs, 1, stat_set, acc1_1, acc2_1, K, eps, LAYERNORM)
+    tlx.barrier_arrive(stats_full[stat_set])
+
+
+@triton.jit
+def _col0(a_tile):
+    """Column 0 of a shared-memory A slice as fp32 [rows] (the LayerNorm shift: the row's first element, 0 for
+    TMA zero-filled rows past M), extracted from the register tile without a layout conversion."""
+    x = tlx.local_load(a_tile).to(tl.float32)
+    col = tl.arange(0, x.shape[1])[None, :]
+    return tl.sum(tl.where(col == 0, x, 0.0), axis=1)
+
+
+@triton.jit
+def _flat_steps(num_tiles, k_tiles):
+    """STATS_IN_PRODUCER: the number of K steps of this CTA's tiles ``pid, pid + G, ...`` (pid < num_tiles)."""
+    return tl.cdiv(num_tiles - tl.program_id(0), tl.num_programs(0)) * k_tiles
+
+
+@triton.jit
+def _flat_step(j, k_tiles, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """STATS_IN_PRODUCER: this CTA's K step ``j`` -> ``(t, ki, pid_m, pid_n)``: its ``t``-th tile (tile id
+    ``pid + t * G``, grouped order as ``_tile_coords``) and K step ``ki`` within it; the same sequence as the
+    consumers' nested (``_tile_range``, k) loops."""
+    t = j // k_tiles
+    ki = j - t * k_tiles
+    pid_m, pid_n = _tile_coords(tl.program_id(0) + t * tl.num_programs(0), num_pid_m, num_pid_n, GROUP_M, False)
+    return t, ki, pid_m, pid_n
+
+
+@triton.jit
+def _producer_with_stats(a_desc, b_desc, a_bufs, b_bufs, full_bars, empty_bars, rstd_bufs, d_bufs, stats_full,
+                         stats_empty, M, K, eps, num_pid_m, num_pid_n, num_tiles, k_tiles, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                         NUM_STAGES: tl.constexpr, NUM_CONSUMERS: tl.constexpr, STAGE_BYTES: tl.constexpr,
+                         LAYERNORM: tl.constexpr, EVEN_K: tl.constexpr):
+    """STATS_IN_PRODUCER: the producer warpgroup's loop, TMA loads *and* the per-row statistics.
+
+    One flat loop over this CTA's K steps ``j = 0 .. n_tiles * k_tiles - 1`` (the same (tile, k) sequence as the
+    consumers: grouped order, tiles ``pid, pid + G, ...``) plus ``LAG = NUM_STAGES - 1`` drain iterations.
+    Iteration ``j`` first issues the loads of step ``j`` exactly as the plain producer does (wait ``empty``,
+    ``expect_tx``, TMA), then takes the statistics of step ``js = j - LAG``: wait ``full`` of its slot, read every
+    consumer's A slice from shared memory, add the fp32 row sums, release the slot (``empty`` counts
+    ``NUM_CONSUMERS + 1``). Lagging by NUM_STAGES - 1 keeps NUM_STAGES - 1 loads in flight while the producer
+    waits for data, and is deadlock-free: slot reuse at step ``j`` needs the statistics of step ``j - NUM_STAGES``,
+    taken at iteration ``j - 1``. At the last K step of a tile the statistics go to buffer set ``t % 2`` and
+    ``stats_full`` (the hand-off of ``_stats_task_tile``). LayerNorm shift: column 0 of the tile's first A slice
+    (= ``A[row, 0]``, 0 past M, as the consumers load it from global memory)."""
+    BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    LAG: tl.constexpr = NUM_STAGES - 1
+    total = _flat_steps(num_tiles, k_tiles)
+    acc1_0 = tl.zeros([BM_C], dtype=tl.float32)
+    acc2_0 = tl.zeros([BM_C], dtype=tl.float32)
+    acc1_1 = tl.zeros([BM_C], dtype=tl.float32)
+    acc2_1 = tl.zeros([BM_C], dtype=tl.float32)
+    shift0 = tl.zeros([BM_C], dtype=tl.float32)
+    shift1 = tl.zeros([BM_C], dtype=tl.float32)
+    for j in range(0, total + LAG):
+        if j < total:  # loads of step j
+            _, ki, pid_m, pid_n = _flat_step(j, k_tiles, num_pid_m, num_pid_n, GROUP_M)
+            s = j % NUM_STAGES
+            tlx.barrier_wait(empty_bars[s], ((j // NUM_STAGES) & 1) ^ 1)  # first use of a slot passes at once
+            tlx.barrier_expect_bytes(full_bars[s], STAGE_BYTES)
+            for c in tl.static_range(NUM_CONSUMERS):
+                a_row = tl.minimum(pid_m * BLOCK_M + c * BM_C, M - 1)  # clamped as in the plain producer
+                tlx.async_descriptor_load(a_desc, a_bufs[c * NUM_STAGES + s], [a_row, ki * BLOCK_K], full_bars[s])
+            tlx.async_descriptor_load(b_desc, b_bufs[s], [ki * BLOCK_K, pid_n * BLOCK_N], full_bars[s])
+        js = j - LAG
+        if js >= 0:  # statistics of step js
+            ts, ks, _, _ = _flat_step(js, k_tiles, num_pid_m, num_pid_n, GROUP_M)
+            ss = js % NUM_STAGES
+            tlx.barrier_wait(full_bars[ss], (js // NUM_STAGES) & 1)
+            if LAYERNORM:
+                if ks == 0:
+                    shift0 = _col0(a_bufs[ss])
+                    if NUM_CONSUMERS == 2:
+                        shift1 = _col0(a_bufs[NUM_STAGES + ss])
+            acc1_0, acc2_0 = _stats_rows(a_bufs, ss, 0, shift0, ks * BLOCK_K, K, acc1_0, acc2_0, NUM_STAGES, BLOCK_K,
+                                         LAYERNORM, EVEN_K)
+            if NUM_CONSUMERS == 2:
+                acc1_1, acc2_1 = _stats_rows(a_bufs, ss, 1, shift1, ks * BLOCK_K, K, acc1_1, acc2_1, NUM_STAGES,
+                                             BLOCK_K, LAYERNORM, EVEN_K)
+            tlx.barrier_arrive(empty_bars[ss])
+            if ks == k_tiles - 1:  # the tile's statistics are complete: hand them to the consumers
+                stat_set = ts % 2
+                tlx.barrier_wait(stats_empty[stat_set], ((ts // 2) & 1) ^ 1)
+                _stats_store(rstd_bufs, d_bufs, 0, stat_set, acc1_0, acc2_0, K, eps, LAYERNORM)
+                if NUM_CONSUMERS == 2:
+                    _stats_store(rstd_bufs, d_bufs, 1, stat_set, acc1_1, acc2_1, K, eps, LAYERNORM)
+                tlx.barrier_arrive(stats_full[stat_set])
+                acc1_0 = tl.zeros([BM_C], dtype=tl.float32)
+                acc2_0 = tl.zeros([BM_C], dtype=tl.float32)
+                acc1_1 = tl.zeros([BM_C], dtype=tl.float32)
+                acc2_1 = tl.zeros([BM_C], dtype=tl.float32)
+
+
+@triton.jit
 def _lazy_prenorm_ws_kernel(
     a_desc,  # TMA descriptor of A [M, K], block [BLOCK_M // NUM_CONSUMERS, BLOCK_K]
     b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
@@ -458,20 +700,34 @@ def _lazy_prenorm_ws_kernel(
     LAYERNORM: tl.constexpr = False,  # with FUSE_RMSNORM: LayerNorm statistics and the rank-1 epilogue
     EVEN_K: tl.constexpr = True,  # K % BLOCK_K == 0: no K-padding mask on the LayerNorm statistics
     LN_EPILOGUE_MMA: tl.constexpr = True,  # LAYERNORM: rank-1 epilogue by an extra wgmma (else: broadcast)
+    STATS_WARPGROUP: tl.constexpr = False,  # with FUSE_RMSNORM: the statistics in their own 4-warp task
+    STATS_REGS: tl.constexpr = 56,  # STATS_WARPGROUP: setmaxnreg of that task
+    STATS_IN_PRODUCER: tl.constexpr = False,  # with FUSE_RMSNORM: the statistics in the producer warpgroup
 ):
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup
     STAGE_BYTES: tl.constexpr = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(tlx.dtype_of(a_desc))
+    # the statistics are computed outside the consumers: by their own warpgroup, or by the producer warpgroup
+    STATS_TASK: tl.constexpr = FUSE_RMSNORM and (STATS_WARPGROUP or STATS_IN_PRODUCER)
+    PRODUCER_STATS: tl.constexpr = FUSE_RMSNORM and STATS_IN_PRODUCER
+    # STATS_TASK: the statistics of tile t go to buffer set t % 2 (consumer c's rows: rstd_bufs[2 * c + t % 2])
+    STAT_SETS: tl.constexpr = 2 if STATS_TASK else 1
 
     # Ring: consumer c's A slice of slot s lives in a_bufs[c * NUM_STAGES + s]; B of slot s in b_bufs[s].
     a_bufs = tlx.local_alloc((BM_C, BLOCK_K), tlx.dtype_of(a_desc), NUM_STAGES * NUM_CONSUMERS)
     b_bufs = tlx.local_alloc((BLOCK_K, BLOCK_N), tlx.dtype_of(b_desc), NUM_STAGES)
     full_bars = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
-    empty_bars = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=NUM_CONSUMERS)
+    # a slot is released by every consumer warpgroup (and by the statistics warpgroup, which reads it too)
+    empty_bars = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=NUM_CONSUMERS + (1 if STATS_TASK else 0))
     # Per-consumer rstd staging: a shared-memory round trip lets the compiler read rstd back directly in the
     # accumulator's row layout (otherwise it converts the whole fp32 accumulator to the norm's layout).
-    rstd_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS)
+    rstd_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS * STAT_SETS)
+    if STATS_TASK:
+        # stats_full[j]: the statistics warpgroup wrote buffer set j (arrive count 1); stats_empty[j]: every
+        # consumer has read its rows of set j (arrive count NUM_CONSUMERS)
+        stats_full = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+        stats_empty = tlx.alloc_barriers(num_barriers=2, arrive_count=NUM_CONSUMERS)
     if LAYERNORM:  # d = mean - shift, the same way; and the B operand of the rank-1 epilogue wgmma
-        d_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS)
+        d_bufs = tlx.local_alloc((BM_C, ), tl.float32, NUM_CONSUMERS * STAT_SETS)
         if LN_EPILOGUE_MMA:
             bext_bufs = tlx.local_alloc((16, BLOCK_N), tlx.dtype_of(b_desc), NUM_CONSUMERS)
 
@@ -482,25 +738,32 @@ def _lazy_prenorm_ws_kernel(
             num_pid_n = tl.cdiv(N, BLOCK_N)
             num_tiles = num_pid_m * num_pid_n
             k_tiles = tl.cdiv(K, BLOCK_K)
-            it = 0
-            first_tile, last_tile, tile_step = _tile_range(num_tiles, REUSE_RSTD)
-            for tile_id in range(first_tile, last_tile, tile_step):
-                pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M, REUSE_RSTD)
-                off_m = pid_m * BLOCK_M
-                off_n = pid_n * BLOCK_N
-                for ki in range(0, k_tiles):
-                    s = it % NUM_STAGES
-                    phase = (it // NUM_STAGES) & 1
-                    tlx.barrier_wait(empty_bars[s], phase ^ 1)  # first use of a slot passes at once
-                    tlx.barrier_expect_bytes(full_bars[s], STAGE_BYTES)
-                    off_k = ki * BLOCK_K
-                    for c in tl.static_range(NUM_CONSUMERS):
-                        # Clamp so that no A box lies wholly below row M: a consumer whose rows are all out of
-                        # bounds then computes on real rows and skips its store (see the epilogue).
-                        a_row = tl.minimum(off_m + c * BM_C, M - 1)
-                        tlx.async_descriptor_load(a_desc, a_bufs[c * NUM_STAGES + s], [a_row, off_k], full_bars[s])
-                    tlx.async_descriptor_load(b_desc, b_bufs[s], [off_k, off_n], full_bars[s])
-                    it += 1
+            if PRODUCER_STATS:
+                _producer_with_stats(a_desc, b_desc, a_bufs, b_bufs, full_bars, empty_bars, rstd_bufs,
+                                     d_bufs if LAYERNORM else None, stats_full, stats_empty, M, K, eps, num_pid_m,
+                                     num_pid_n, num_tiles, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_STAGES,
+                                     NUM_CONSUMERS, STAGE_BYTES, LAYERNORM, EVEN_K)
+            else:
+                it = 0
+                first_tile, last_tile, tile_step = _tile_range(num_tiles, REUSE_RSTD)
+                for tile_id in range(first_tile, last_tile, tile_step):
+                    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M, REUSE_RSTD)
+                    off_m = pid_m * BLOCK_M
+                    off_n = pid_n * BLOCK_N
+                    for ki in range(0, k_tiles):
+                        s = it % NUM_STAGES
+                        phase = (it // NUM_STAGES) & 1
+                        tlx.barrier_wait(empty_bars[s], phase ^ 1)  # first use of a slot passes at once
+                        tlx.barrier_expect_bytes(full_bars[s], STAGE_BYTES)
+                        off_k = ki * BLOCK_K
+                        for c in tl.static_range(NUM_CONSUMERS):
+                            # Clamp so that no A box lies wholly below row M: a consumer whose rows are all out of
+                            # bounds then computes on real rows and skips its store (see the epilogue).
+                            a_row = tl.minimum(off_m + c * BM_C, M - 1)
+                            tlx.async_descriptor_load(a_desc, a_bufs[c * NUM_STAGES + s], [a_row, off_k],
+                                                      full_bars[s])
+                        tlx.async_descriptor_load(b_desc, b_bufs[s], [off_k, off_n], full_bars[s])
+                        it += 1
 
         # ---------------------------------------------------------------- consumers: wgmma (+ sum of squares)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
@@ -510,6 +773,7 @@ def _lazy_prenorm_ws_kernel(
             num_tiles = num_pid_m * num_pid_n
             k_tiles = tl.cdiv(K, BLOCK_K)
             it = 0
+            t_local = 0  # STATS_TASK: tiles done by this CTA (the statistics buffer set and its phase)
             # same (tile, k) sequence as the producer: the barrier phases depend on it
             first_tile, last_tile, tile_step = _tile_range(num_tiles, REUSE_RSTD)
             for tile_id in range(first_tile, last_tile, tile_step):
@@ -538,7 +802,7 @@ def _lazy_prenorm_ws_kernel(
                     tlx.barrier_wait(full_bars[s], phase)
                     a_tile = a_bufs[cid * NUM_STAGES + s]
                     acc = tlx.async_dot(a_tile, b_bufs[s], acc)
-                    if FUSE_RMSNORM:
+                    if FUSE_RMSNORM and not STATS_TASK:
                         # Runs while the wgmma above is in flight; TMA zero-fills out-of-bounds K columns.
                         if LAYERNORM:  # shifted sums of y = a - shift (K padding masked: it would add -shift)
                             if REUSE_RSTD:
@@ -562,15 +826,27 @@ def _lazy_prenorm_ws_kernel(
                         tlx.barrier_arrive(empty_bars[s_prev])
                     s_prev = s
                     it += 1
+                if STATS_TASK:
+                    # (the K loop's last wgmma may still be in flight) this tile's statistics, written by the
+                    # statistics warpgroup; released after the epilogue's last read of them (stats_empty below)
+                    stat_set = t_local % 2
+                    tlx.barrier_wait(stats_full[stat_set], (t_local // 2) & 1)
+                    rstd_buf = rstd_bufs[2 * cid + stat_set]
+                    if LAYERNORM:
+                        d_buf = d_bufs[2 * cid + stat_set]
                 if LAYERNORM:
                     # (the K loop's last wgmma may still be in flight: the statistics and the epilogue operands are
                     # formed meanwhile)
-                    rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD they outlive the tile
-                    d_buf = d_bufs[cid]
-                    if REUSE_RSTD:
+                    if STATS_TASK:
+                        pass  # rstd_buf, d_buf: this tile's set, filled by the statistics warpgroup
+                    elif REUSE_RSTD:
+                        rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD they outlive the tile
+                        d_buf = d_bufs[cid]
                         if new_row:  # else: this M-tile's values, stored by this consumer at an earlier tile
                             _ln_store_scales(rstd_buf, d_buf, s1, ss, K, eps)
                     else:
+                        rstd_buf = rstd_bufs[cid]
+                        d_buf = d_bufs[cid]
                         _ln_store_scales(rstd_buf, d_buf, s1, ss, K, eps)
                     if LN_EPILOGUE_MMA:
                         # acc += A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b: one m64 k16 wgmma, A from
@@ -592,6 +868,8 @@ def _lazy_prenorm_ws_kernel(
                         rstd_rows = tlx.local_load(rstd_buf)
                         rm_rows = rstd_rows * (shift + tlx.local_load(d_buf))
                         acc = _ln_epilogue(acc, rstd_rows, rm_rows, colsum_ptr, betab_ptr, off_n, N, BM_C, BLOCK_N)
+                elif STATS_TASK:
+                    acc = acc * tlx.local_load(rstd_buf)[:, None]
                 elif FUSE_RMSNORM:
                     rstd_buf = rstd_bufs[cid]  # private to this consumer; with REUSE_RSTD it outlives the tile
                     if REUSE_RSTD:
@@ -601,6 +879,10 @@ def _lazy_prenorm_ws_kernel(
                         tlx.local_store(rstd_buf, tl.math.rsqrt(ss / K + eps))
                     rstd_rows = tlx.local_load(rstd_buf)
                     acc = acc * rstd_rows[:, None]
+                if STATS_TASK:
+                    # the statistics of this tile have been read (into registers): the set may be rewritten
+                    tlx.barrier_arrive(stats_empty[stat_set])
+                    t_local += 1
                 if off_cm < M:  # rows past M (the last row-tile) are clipped by TMA; wholly-OOB slices skip it
                     if EPILOGUE_SUBTILE:
                         acc3 = tl.permute(tl.reshape(acc, (BM_C, 2, BLOCK_N // 2)), (0, 2, 1))
@@ -609,6 +891,25 @@ def _lazy_prenorm_ws_kernel(
                         c_desc.store([off_cm, off_n + BLOCK_N // 2], acc_hi.to(tlx.dtype_of(c_desc)))
                     else:
                         c_desc.store([off_cm, off_n], acc.to(tlx.dtype_of(c_desc)))
+
+        # ---------------------------------------------------------------- statistics warpgroup (STATS_WARPGROUP)
+        if STATS_TASK and not PRODUCER_STATS:
+            with tlx.async_task(num_warps=4, registers=STATS_REGS):
+                num_pid_m = tl.cdiv(M, BLOCK_M)
+                num_pid_n = tl.cdiv(N, BLOCK_N)
+                num_tiles = num_pid_m * num_pid_n
+                k_tiles = tl.cdiv(K, BLOCK_K)
+                it = 0
+                t_local = 0
+                # same (tile, k) sequence as the producer and the consumers
+                first_tile, last_tile, tile_step = _tile_range(num_tiles, REUSE_RSTD)
+                for tile_id in range(first_tile, last_tile, tile_step):
+                    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M, REUSE_RSTD)
+                    _stats_task_tile(a_bufs, full_bars, empty_bars, rstd_bufs, d_bufs if LAYERNORM else None,
+                                     stats_full, stats_empty, a_ptr, pid_m * BLOCK_M, M, K, eps, it, k_tiles,
+                                     t_local, BM_C, BLOCK_K, NUM_STAGES, NUM_CONSUMERS, LAYERNORM, EVEN_K)
+                    it += k_tiles
+                    t_local += 1
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -681,6 +982,10 @@ def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int, ln_v
         colsum, beta_b = ln_vectors
         kwargs.update(a_ptr=a, colsum_ptr=colsum, betab_ptr=beta_b, LAYERNORM=True, EVEN_K=K % cfg.BLOCK_K == 0,
                       LN_EPILOGUE_MMA=cfg.LN_EPILOGUE_MMA)
+    if fuse and cfg.STATS_WARPGROUP:  # (the GEMM of such a config is the plain one: no statistics task)
+        kwargs.update(STATS_WARPGROUP=True, STATS_REGS=cfg.STATS_REGS)
+    if fuse and cfg.STATS_IN_PRODUCER:  # (likewise: the GEMM's producer only loads)
+        kwargs.update(STATS_IN_PRODUCER=True)
     return args, grid, kwargs
 
 

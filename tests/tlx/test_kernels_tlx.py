@@ -68,8 +68,11 @@ for name, cfg in configs.items():
             out[f"{name}/{op}/{M}x{N}x{K}"] = compile_sm90(op, a, b, eps=1e-6, config=None if name == "default" else cfg)
 print(json.dumps(out))
 """
-# every shipped config, plus an accepted-but-unshipped single-consumer one (BLOCK_M = 64, 8 warps)
-COMPILE_CONFIGS = {**SHIPPED_CONFIGS, "single_consumer": TilingConfig(BLOCK_M=64, NUM_CONSUMERS=1)}
+# every shipped config, plus an accepted-but-unshipped single-consumer one (BLOCK_M = 64, 8 warps); the configs
+# with the statistics off the consumers (STATS_IN_PRODUCER / STATS_WARPGROUP) are compiled and checked in
+# tests/tlx/test_lazy_prenorm_stats_tlx.py
+COMPILE_CONFIGS = {**{n: c for n, c in SHIPPED_CONFIGS.items() if not c.stats_off_consumers},
+                   "single_consumer": TilingConfig(BLOCK_M=64, NUM_CONSUMERS=1)}
 
 
 @pytest.fixture(scope="module")
@@ -477,8 +480,9 @@ for name, cfg in configs.items():
         out[f"{name}/{M}x{N}x{Kd}"] = s
 print(json.dumps(out))
 """
-# the shipped LayerNorm configs, plus the broadcast epilogue without REUSE_RSTD and with BLOCK_N = 128
-LN_COMPILE_CONFIGS = {**ktlx.SHIPPED_LN_CONFIGS,
+# the shipped LayerNorm configs (but the STATS_* ones: tests/tlx/test_lazy_prenorm_stats_tlx.py), plus the broadcast
+# epilogue without REUSE_RSTD and with BLOCK_N = 128
+LN_COMPILE_CONFIGS = {**{n: c for n, c in ktlx.SHIPPED_LN_CONFIGS.items() if not c.stats_off_consumers},
                       "bcast_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, LN_EPILOGUE_MMA=False),
                       "mma_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4)}
 LN_COMPILE_SHAPES = [(262144, 1024, 1024), (1, 1000, 1000), (17793, 1000, 1000)]  # EVEN_K, K tail, K tail
@@ -491,7 +495,8 @@ def ln_compiled() -> dict:
 
 
 def test_ln_shipped_configs():
-    assert set(ktlx.SHIPPED_LN_CONFIGS) == {"ln_reuse_rstd_subtile", "ln_subtile", "ln_reuse_rstd_broadcast"}
+    assert set(ktlx.SHIPPED_LN_CONFIGS) == {"ln_reuse_rstd_subtile", "ln_subtile", "ln_reuse_rstd_broadcast",
+                                            "ln_stats_producer_subtile", "ln_stats_warpgroup_bn128_s4"}
     for name, cfg in ktlx.SHIPPED_LN_CONFIGS.items():
         assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name
         assert cfg.smem_bytes(layernorm=True) <= SMEM_LIMIT_BYTES, name
