@@ -28,6 +28,15 @@ one cross-thread reduction per row. Two variants, picked by ``BLOCK_N`` relative
   only for very wide rows (N > ~32K) or when the whole-row tile would need more than 32 warps x ~64 registers.
   ``BLOCK_N=None`` picks it automatically beyond ``_MAX_WHOLE_ROW`` (65536) elements.
 
+Inductor's code generation (issue 13 v2; options, all off by default so the older configs compile to the same PTX):
+``SPECIALIZE`` compiles for one (M, N) as ``torch.compile(dynamic=False)`` does (M, N constexpr; no row/column
+predicates when ``M % ROWS == 0`` and ``N == BLOCK_N`` / ``N % BLOCK_N == 0``; int32 row offsets when they fit),
+``EVICT="none"`` drops the L2 ``evict_first`` policy of the whole-row load (and its ``createpolicy``), and
+``STATS=False`` writes y only (the torch.compile baseline's kernels store no rstd/mean:
+results/inductor_norms/20261201_h200/*.kernel.txt). sm_90 PTX of ``per-w1-spec`` at 262144 x 512 / 1024: 210 / 185
+instructions (RMS) and 294 / 259 (LN) against Inductor's 209 / 184 and 293 / 258 (unspecialized ``per-w1``: 233 /
+216, 356 / 326); the remaining instruction is the runtime ``eps`` (Inductor folds it).
+
 Persistent grid (``PERSISTENT=True``): ``min(#tiles, #SMs * max(1, 32 // num_warps))`` programs (an estimate
 of how many are co-resident: half the 64 warps an SM can hold, leaving room for register limits) loop over
 row tiles; otherwise one program per tile. Which wins is for the GPU sweep to say (``PROPOSED_TILINGS``).
@@ -94,6 +103,7 @@ _MAX_WHOLE_ROW = 65536  # BLOCK_N=None: whole row up to this N, looped beyond it
 _AUTO_LOOP_BLOCK_N = 8192  # BLOCK_N=None and N > _MAX_WHOLE_ROW
 _MAX_ROWS = 256
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200 (used off-GPU: interpreter, compile-only)
+_EVICT_POLICIES = {"first": "evict_first", "last": "evict_last", "none": ""}  # EVICT -> Triton eviction_policy
 
 if _interpreting():
     _fix_interpreter_scalar_index()
@@ -121,6 +131,19 @@ class TilingConfig(TilingConfigBase):
       pass (``evict_last``), then a re-read of the row (from L1/L2, ``evict_first``) to normalize and store. This
       is Inductor's kernel shape for wide rows (one row per program, 16-32 warps); it keeps fewer values live
       than holding the row in registers across the reduction.
+    * ``EVICT`` ("first" | "last" | "none"): L2 eviction hint on the last read of x (the whole-row load, or the
+      re-read pass of the looped kernel; the looped statistics pass always loads with ``evict_last`` so that the
+      re-read hits L2). "first" (default) is ``evict_first``; "none" drops the hint and with it the
+      ``createpolicy`` instruction, as Inductor's whole-row (persistent-reduction) kernels do.
+    * ``SPECIALIZE`` (bool): compile for this one shape, as ``torch.compile(dynamic=False)`` does: M and N become
+      compile-time constants; the row mask is dropped when ``M % ROWS == 0``, the column mask when
+      ``N == BLOCK_N`` (whole row) or ``N % BLOCK_N == 0`` (looped), so those loads and stores carry no
+      predicates; row offsets are int32 when every offset fits (``cdiv(M, ROWS) * ROWS * N < 2^31``). One
+      compile per (M, N). Same arithmetic as the unspecialized kernel (bit-identical in the interpreter).
+    * ``STATS`` (bool): store the fp32 statistics (default). False: write y only, like the ``torch_compile_norm``
+      baseline (its kernels store y and nothing else, results/inductor_norms/20261201_h200/*.kernel.txt); the
+      functions then return the 1-tuple ``(y,)`` (``out[0]`` is y either way). For like-for-like timing against
+      Inductor, not for callers that need the statistics (backward).
 
     Construction with a bad value (wrong type included) raises ValueError naming the constraint.
     """
@@ -132,6 +155,9 @@ class TilingConfig(TilingConfigBase):
     num_warps: int | None = None
     PERSISTENT: bool = False
     REREAD: bool = False
+    EVICT: str = "first"
+    SPECIALIZE: bool = False
+    STATS: bool = True
 
     def __post_init__(self):
         for name, lo, hi in (("BLOCK_N", 16, _MAX_BLOCK_N), ("ROWS", 1, _MAX_ROWS), ("TILE_BYTES", 1024, 1 << 20),
@@ -144,9 +170,11 @@ class TilingConfig(TilingConfigBase):
                                  f"got {v!r}")
             if not (_is_pow2(v) and lo <= v <= hi):
                 raise ValueError(f"TilingConfig.{name}={v} must be a power of 2 in [{lo}, {hi}]")
-        for name in ("PERSISTENT", "REREAD"):
+        for name in ("PERSISTENT", "REREAD", "SPECIALIZE", "STATS"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TilingConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.EVICT, str) or self.EVICT not in _EVICT_POLICIES:
+            raise ValueError(f"TilingConfig.EVICT must be one of {', '.join(_EVICT_POLICIES)}, got {self.EVICT!r}")
 
 
 DEFAULT_CONFIG = TilingConfig()
@@ -167,68 +195,125 @@ PROPOSED_TILINGS = [
 # device code
 # --------------------------------------------------------------------------------------------------------
 @triton.jit
+def _tile_mask(row_ok, cmask, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
+    """[ROWS, BLOCK_N] in-bounds mask (only the parts not known statically; unused when EVEN_M and EVEN_N)."""
+    if EVEN_N:
+        return row_ok[:, None]
+    elif EVEN_M:
+        return cmask[None, :]
+    else:
+        return row_ok[:, None] & cmask[None, :]
+
+
+@triton.jit
+def _load_tile(ptrs, mask, NO_MASK: tl.constexpr, EVICT: tl.constexpr):
+    """x[ptrs] in fp32, 0 where ``mask`` is False; NO_MASK (tile known in bounds): no predicates at all."""
+    if NO_MASK:
+        x = tl.load(ptrs, eviction_policy=EVICT)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0, eviction_policy=EVICT)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _store_tile(ptrs, y, mask, NO_MASK: tl.constexpr):
+    if NO_MASK:
+        tl.store(ptrs, y.to(ptrs.dtype.element_ty))
+    else:
+        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_vec(ptrs, cmask, EVEN_N: tl.constexpr):
+    """weight / bias [BLOCK_N] in fp32 (0 past N unless EVEN_N)."""
+    if EVEN_N:
+        v = tl.load(ptrs)
+    else:
+        v = tl.load(ptrs, mask=cmask, other=0.0)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _row_offsets(rows, N, IDX64: tl.constexpr):
+    """Element offset of each row start: int64 unless the launcher proved every offset fits in int32."""
+    if IDX64:
+        return rows.to(tl.int64) * N
+    else:
+        return rows * N
+
+
+@triton.jit
 def _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tile, M, N, eps,
-              BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr, HAS_W: tl.constexpr):
+              BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr, HAS_W: tl.constexpr,
+              EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, IDX64: tl.constexpr, EVICT: tl.constexpr,
+              STATS: tl.constexpr):
     rows = tile * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
-    row_off = rows.to(tl.int64) * N  # [ROWS]; N is a known multiple of ALIGN
+    row_off = _row_offsets(rows, N, IDX64)  # [ROWS]; N is a known multiple of ALIGN (or a constexpr)
     if not LOOPED:
         cols = tl.arange(0, BLOCK_N)
         cmask = cols < N
         offs = row_off[:, None] + cols[None, :]
-        mask = row_ok[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        mask = _tile_mask(row_ok, cmask, EVEN_M, EVEN_N)
+        x = _load_tile(x_ptr + offs, mask, EVEN_M and EVEN_N, EVICT)
         rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / N + eps)
         y = x * rstd[:, None]
         if HAS_W:
-            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            w = _load_vec(w_ptr + cols, cmask, EVEN_N)
             y = y * w[None, :]
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        _store_tile(y_ptr + offs, y, mask, EVEN_M and EVEN_N)
     else:
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         for n0 in tl.range(0, N, BLOCK_N):
             cols = n0 + tl.arange(0, BLOCK_N)
-            mask = row_ok[:, None] & (cols < N)[None, :]
-            x = tl.load(x_ptr + row_off[:, None] + cols[None, :], mask=mask, other=0.0,
-                        eviction_policy="evict_last").to(tl.float32)
+            mask = _tile_mask(row_ok, cols < N, EVEN_M, EVEN_N)
+            x = _load_tile(x_ptr + row_off[:, None] + cols[None, :], mask, EVEN_M and EVEN_N, "evict_last")
             acc += x * x
         rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / N + eps)
         for n0 in tl.range(0, N, BLOCK_N):
             cols = n0 + tl.arange(0, BLOCK_N)
             cmask = cols < N
             offs = row_off[:, None] + cols[None, :]
-            mask = row_ok[:, None] & cmask[None, :]
-            x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            mask = _tile_mask(row_ok, cmask, EVEN_M, EVEN_N)
+            x = _load_tile(x_ptr + offs, mask, EVEN_M and EVEN_N, EVICT)
             y = x * rstd[:, None]
             if HAS_W:
-                w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+                w = _load_vec(w_ptr + cols, cmask, EVEN_N)
                 y = y * w[None, :]
-            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+            _store_tile(y_ptr + offs, y, mask, EVEN_M and EVEN_N)
+    if STATS:
+        if EVEN_M:
+            tl.store(rstd_ptr + rows, rstd)
+        else:
+            tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
 @triton.jit
 def _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
              BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr, HAS_W: tl.constexpr,
-             HAS_B: tl.constexpr):
+             HAS_B: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, IDX64: tl.constexpr,
+             EVICT: tl.constexpr, STATS: tl.constexpr):
     rows = tile * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
-    row_off = rows.to(tl.int64) * N
+    row_off = _row_offsets(rows, N, IDX64)
     if not LOOPED:
         cols = tl.arange(0, BLOCK_N)
         cmask = cols < N
         offs = row_off[:, None] + cols[None, :]
-        mask = row_ok[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        mask = _tile_mask(row_ok, cmask, EVEN_M, EVEN_N)
+        x = _load_tile(x_ptr + offs, mask, EVEN_M and EVEN_N, EVICT)
         mean = tl.sum(x, axis=1) / N  # two passes over registers: mean, then the centred sum of squares
-        d = tl.where(cmask[None, :], x - mean[:, None], 0.0)
+        if EVEN_N:
+            d = x - mean[:, None]
+        else:
+            d = tl.where(cmask[None, :], x - mean[:, None], 0.0)
         rstd = tl.math.rsqrt(tl.sum(d * d, axis=1) / N + eps)
         y = d * rstd[:, None]
         if HAS_W:
-            y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            y = y * _load_vec(w_ptr + cols, cmask, EVEN_N)[None, :]
         if HAS_B:
-            y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+            y = y + _load_vec(b_ptr + cols, cmask, EVEN_N)[None, :]
+        _store_tile(y_ptr + offs, y, mask, EVEN_M and EVEN_N)
     else:
         # pass 1: per-chunk (mean_b, M2_b) in registers, merged into (mean, M2) with Chan's update
         mean = tl.zeros([ROWS], dtype=tl.float32)
@@ -236,13 +321,17 @@ def _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
         for n0 in tl.range(0, N, BLOCK_N):
             cols = n0 + tl.arange(0, BLOCK_N)
             cmask = cols < N
-            mask = row_ok[:, None] & cmask[None, :]
-            x = tl.load(x_ptr + row_off[:, None] + cols[None, :], mask=mask, other=0.0,
-                        eviction_policy="evict_last").to(tl.float32)
+            mask = _tile_mask(row_ok, cmask, EVEN_M, EVEN_N)
+            x = _load_tile(x_ptr + row_off[:, None] + cols[None, :], mask, EVEN_M and EVEN_N, "evict_last")
             n_a = n0 * 1.0  # elements merged so far (every earlier chunk is full)
-            n_b = tl.minimum(N - n0, BLOCK_N) * 1.0
-            mean_b = tl.sum(x, axis=1) / n_b
-            d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
+            if EVEN_N:
+                n_b = BLOCK_N * 1.0
+                mean_b = tl.sum(x, axis=1) / n_b
+                d = x - mean_b[:, None]
+            else:
+                n_b = tl.minimum(N - n0, BLOCK_N) * 1.0
+                mean_b = tl.sum(x, axis=1) / n_b
+                d = tl.where(cmask[None, :], x - mean_b[:, None], 0.0)
             m2_b = tl.sum(d * d, axis=1)
             delta = mean_b - mean
             n_ab = n_a + n_b
@@ -254,42 +343,70 @@ def _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
             cols = n0 + tl.arange(0, BLOCK_N)
             cmask = cols < N
             offs = row_off[:, None] + cols[None, :]
-            mask = row_ok[:, None] & cmask[None, :]
-            x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            mask = _tile_mask(row_ok, cmask, EVEN_M, EVEN_N)
+            x = _load_tile(x_ptr + offs, mask, EVEN_M and EVEN_N, EVICT)
             y = (x - mean[:, None]) * rstd[:, None]
             if HAS_W:
-                y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+                y = y * _load_vec(w_ptr + cols, cmask, EVEN_N)[None, :]
             if HAS_B:
-                y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=row_ok)
-    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+                y = y + _load_vec(b_ptr + cols, cmask, EVEN_N)[None, :]
+            _store_tile(y_ptr + offs, y, mask, EVEN_M and EVEN_N)
+    if STATS:
+        if EVEN_M:
+            tl.store(mean_ptr + rows, mean)
+            tl.store(rstd_ptr + rows, rstd)
+        else:
+            tl.store(mean_ptr + rows, mean, mask=row_ok)
+            tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, M, N_DIV, eps, n_tiles,
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, M_RT, N_DIV, eps, n_tiles,
                      ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr,
-                     HAS_W: tl.constexpr, PERSISTENT: tl.constexpr):
-    N = N_DIV * ALIGN  # N % ALIGN == 0 is now visible to the alignment analysis (16-byte vectors)
+                     HAS_W: tl.constexpr, PERSISTENT: tl.constexpr, M_C: tl.constexpr = 0,
+                     N_C: tl.constexpr = 0, EVEN_M: tl.constexpr = False, EVEN_N: tl.constexpr = False,
+                     IDX64: tl.constexpr = True, EVICT: tl.constexpr = "evict_first",
+                     STATS: tl.constexpr = True):
+    # M_C / N_C > 0 (SPECIALIZE): the shape is a compile-time constant, as in Inductor's dynamic=False kernels
+    if N_C > 0:
+        N: tl.constexpr = N_C
+    else:
+        N = N_DIV * ALIGN  # N % ALIGN == 0 is now visible to the alignment analysis (16-byte vectors)
+    if M_C > 0:
+        M: tl.constexpr = M_C
+    else:
+        M = M_RT
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-            _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tile, M, N, eps, BLOCK_N, ROWS, LOOPED, HAS_W)
+            _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tile, M, N, eps, BLOCK_N, ROWS, LOOPED, HAS_W,
+                      EVEN_M, EVEN_N, IDX64, EVICT, STATS)
     else:
-        _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tl.program_id(0), M, N, eps, BLOCK_N, ROWS, LOOPED, HAS_W)
+        _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tl.program_id(0), M, N, eps, BLOCK_N, ROWS, LOOPED, HAS_W,
+                  EVEN_M, EVEN_N, IDX64, EVICT, STATS)
 
 
 @triton.jit
-def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N_DIV, eps, n_tiles,
+def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M_RT, N_DIV, eps, n_tiles,
                        ALIGN: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr,
-                       HAS_W: tl.constexpr, HAS_B: tl.constexpr, PERSISTENT: tl.constexpr):
-    N = N_DIV * ALIGN
+                       HAS_W: tl.constexpr, HAS_B: tl.constexpr, PERSISTENT: tl.constexpr, M_C: tl.constexpr = 0,
+                       N_C: tl.constexpr = 0, EVEN_M: tl.constexpr = False, EVEN_N: tl.constexpr = False,
+                       IDX64: tl.constexpr = True, EVICT: tl.constexpr = "evict_first",
+                       STATS: tl.constexpr = True):
+    if N_C > 0:
+        N: tl.constexpr = N_C
+    else:
+        N = N_DIV * ALIGN
+    if M_C > 0:
+        M: tl.constexpr = M_C
+    else:
+        M = M_RT
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
             _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
-                     BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B)
+                     BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B, EVEN_M, EVEN_N, IDX64, EVICT, STATS)
     else:
         _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.program_id(0), M, N, eps,
-                 BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B)
+                 BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B, EVEN_M, EVEN_N, IDX64, EVICT, STATS)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -313,7 +430,9 @@ def _num_sms(device_index: int | None) -> int:
 def launch_params(M: int, N: int, dtype: torch.dtype, config=None, *, num_sms: int = _DEFAULT_NUM_SMS) -> dict:
     """Resolve ``config`` (dict, ``TilingConfig`` or None) for ``x [M, N]`` of ``dtype``: the concrete
     ``BLOCK_N``, ``ROWS``, ``num_warps``, ``LOOPED``, ``ALIGN`` (largest power of two <= 16 dividing N),
-    ``PERSISTENT``, ``n_tiles`` and ``grid``. Pure host arithmetic (no triton call); the rules are in the
+    ``PERSISTENT``, ``n_tiles``, ``grid``, the shape specialization ``EVEN_M`` / ``EVEN_N`` (mask-free rows /
+    columns) and ``IDX64`` (int64 row offsets; always True without ``SPECIALIZE``), ``EVICT`` (Triton's
+    eviction_policy string) and ``STATS``. Pure host arithmetic (no triton call); the rules are in the
     ``TilingConfig`` docstring. Raises the ``TilingConfig`` errors."""
     cfg = _as_config(config)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -337,8 +456,13 @@ def launch_params(M: int, N: int, dtype: torch.dtype, config=None, *, num_sms: i
         align *= 2
     n_tiles = triton.cdiv(M, rows)
     programs = min(n_tiles, num_sms * max(1, 32 // num_warps)) if cfg.PERSISTENT else n_tiles
+    spec = cfg.SPECIALIZE
+    even_m = spec and M % rows == 0
+    even_n = spec and (N == block_n if not looped else N % block_n == 0)
+    idx64 = not spec or n_tiles * rows * N >= 2**31
     return dict(BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, LOOPED=looped, ALIGN=align,
-                PERSISTENT=cfg.PERSISTENT, n_tiles=n_tiles, grid=(programs,))
+                PERSISTENT=cfg.PERSISTENT, n_tiles=n_tiles, grid=(programs,), SPECIALIZE=spec, EVEN_M=even_m,
+                EVEN_N=even_n, IDX64=idx64, EVICT=_EVICT_POLICIES[cfg.EVICT], STATS=cfg.STATS)
 
 
 def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
@@ -353,17 +477,30 @@ def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
                          f"TRITON_INTERPRET=1")
     p = launch_params(M, N, x.dtype, cfg, num_sms=_num_sms(x.device.index or 0) if x.is_cuda else _DEFAULT_NUM_SMS)
     y = torch.empty_like(x)
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    mean = torch.empty(M, dtype=torch.float32, device=x.device) if op == "layer_norm" else None
+    if p["STATS"]:
+        rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+        mean = torch.empty(M, dtype=torch.float32, device=x.device) if op == "layer_norm" else None
+    else:  # STATS=False: never written; dummy pointers
+        rstd = mean = None
     w = weight if weight is not None else x  # dummy pointer when absent (HAS_W=False: never read)
     b = bias if bias is not None else x
     meta = dict(ALIGN=p["ALIGN"], BLOCK_N=p["BLOCK_N"], ROWS=p["ROWS"], LOOPED=p["LOOPED"],
                 HAS_W=weight is not None, PERSISTENT=p["PERSISTENT"], num_warps=p["num_warps"], num_stages=1)
+    # options beyond the original kernel are passed only when they differ from the kernel's defaults, so the
+    # configs without them compile (and are cached) exactly as before
+    if p["SPECIALIZE"]:
+        meta.update(M_C=M, N_C=N, EVEN_M=p["EVEN_M"], EVEN_N=p["EVEN_N"], IDX64=p["IDX64"])
+    if p["EVICT"] != "evict_first":
+        meta["EVICT"] = p["EVICT"]
+    if not p["STATS"]:
+        meta["STATS"] = False
     scalars = (M, N // p["ALIGN"], eps, p["n_tiles"])
+    rstd_arg = rstd if rstd is not None else y
     if op == "rms_norm":
-        kernel, args = _rms_norm_kernel, (x, w, y, rstd, *scalars)
+        kernel, args = _rms_norm_kernel, (x, w, y, rstd_arg, *scalars)
     else:
-        kernel, args = _layer_norm_kernel, (x, w, b, y, mean, rstd, *scalars)
+        mean_arg = mean if mean is not None else y
+        kernel, args = _layer_norm_kernel, (x, w, b, y, mean_arg, rstd_arg, *scalars)
         meta["HAS_B"] = bias is not None
     return kernel, args, p["grid"], meta, (y, mean, rstd)
 
@@ -372,13 +509,14 @@ def _launch(op, x, weight, bias, eps, config):
     kernel, args, grid, meta, outs = _prepare(op, x, weight, bias, eps, config, launch=True)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         kernel[grid](*args, **meta)
-    return outs
+    return outs if outs[-1] is not None else (outs[0],)  # STATS=False: (y,)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float = 1e-6,
-             config=None) -> tuple[torch.Tensor, torch.Tensor]:
+             config=None) -> tuple[torch.Tensor, ...]:
     """RMSNorm forward over the last dimension: returns ``(y [M, N] in x.dtype, rstd [M] fp32)`` with
-    ``rstd = rsqrt(mean(x^2) + eps)`` and ``y = x * rstd (* weight)``, fp32 math.
+    ``rstd = rsqrt(mean(x^2) + eps)`` and ``y = x * rstd (* weight)``, fp32 math; ``(y,)`` for a config with
+    ``STATS=False``.
 
     ``x [M, N]``: row-major contiguous bf16/fp16/fp32 on a CUDA device (CPU tensors only under
     ``TRITON_INTERPRET=1``, fp16/fp32); any M, N >= 1; any data pointer (a view with a storage offset gets
@@ -393,15 +531,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     ValueError) for an unknown config key or a bad value. Sources: module docstring.
     """
     check_forward_only("norms.rms_norm", x=x, weight=weight)
-    y, _, rstd = _launch("rms_norm", x, weight, None, eps, config)
-    return y, rstd
+    out = _launch("rms_norm", x, weight, None, eps, config)
+    return out if len(out) == 1 else (out[0], out[2])
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
-               eps: float = 1e-5, config=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               eps: float = 1e-5, config=None) -> tuple[torch.Tensor, ...]:
     """LayerNorm forward over the last dimension: returns ``(y [M, N] in x.dtype, mean [M] fp32, rstd [M] fp32)``
     with the biased variance ``mean((x - mean)^2)`` (two-pass / Chan merge, never ``E[x^2] - mean^2``),
-    ``rstd = rsqrt(var + eps)``, ``y = (x - mean) * rstd (* weight + bias)``.
+    ``rstd = rsqrt(var + eps)``, ``y = (x - mean) * rstd (* weight + bias)``; ``(y,)`` for ``STATS=False``.
 
     Inputs, config and errors as ``rms_norm``; ``bias [N]`` or None like ``weight``. Sources: module docstring.
     """
