@@ -41,9 +41,12 @@ from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
 
 # (target N on the blog grid + N = 4096, ragged N compiled with affine) per shipped config
 TARGET_N = {"c1": 256, "c2": 512, "c4": 1024, "c8": 2048, "c8_mcast": 1024, "c16_subtile": 4096,
-            "c4_lnpack": 1024, "c8_lnpack": 2048}
+            "c4_lnpack": 1024, "c8_lnpack": 2048, "c4_defer_lnpack": 1024, "c8_defer_lnpack": 2048,
+            "c4_pp_lnpack": 1024, "c8_pp_lnpack": 2048, "c1_pp": 256, "c2_pp": 512, "c16_pp": 4096}
 RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_subtile": 4000,
-            "c4_lnpack": 392, "c8_lnpack": 1000}  # LN_PACKED: the masked statistics (N < C * BLOCK_N)
+            "c4_lnpack": 392, "c8_lnpack": 1000,  # LN_PACKED: the masked statistics (N < C * BLOCK_N)
+            "c4_defer_lnpack": 392, "c8_defer_lnpack": 1000, "c4_pp_lnpack": 392, "c8_pp_lnpack": 1000,
+            "c1_pp": 200, "c2_pp": 264, "c16_pp": 4000}
 COMPILE_M, COMPILE_K = 4096, 1024
 OPS = ("matmul_rmsnorm", "matmul_layernorm")
 
@@ -97,7 +100,7 @@ def compiled():
 def test_targets_cover_every_shipped_config():
     assert set(TARGET_N) == set(RAGGED_N) == set(SHIPPED_CONFIGS)
     assert SHIPPED_CONFIGS["c4"] == DEFAULT_CONFIG
-    assert 3 <= len(SHIPPED_CONFIGS) <= 8
+    assert 3 <= len(SHIPPED_CONFIGS) <= 16
     for name, cfg in SHIPPED_CONFIGS.items():
         assert cfg.supports(TARGET_N[name]) and cfg.supports(RAGGED_N[name]), name
     # the blog grid (N = 512, 1024, 2048) and the Hopper limit N = 4096 each have a shipped config
@@ -123,7 +126,7 @@ def test_compile_all_configs(compiled):
         assert mk["wgmma"] > 0 and mk["tma_load"] > 0 and mk["mbarrier"] > 0, (key, mk)
         assert cfg.CONSUMER_REGS in ex["setmaxnreg"], (key, ex["setmaxnreg"])
         assert ex["wgmma_wait_1"] >= 1, key  # async_dot_wait(1) pipelining kept
-        stage = (cfg.BLOCK_M * cfg.BLOCK_K + cfg.BLOCK_K * bn) * 2
+        stage = (cfg.a_stage_rows * cfg.BLOCK_K + cfg.BLOCK_K * bn) * 2  # PINGPONG: one 64-row A box
         assert stage in r["expect_tx_bytes"], (key, r["expect_tx_bytes"])
         # no spills; with affine (loads kept inside the tile loop: kernels_tlx.multi_cta._affine) at most a few
         # registers' worth (32 B seen for LayerNorm at N = 264, whose masked affine loads cannot be vectorized)
