@@ -16,7 +16,7 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
   - Q is normalized once: the warpgroup reads its Q half from shared memory, computes
     ``q' = q * rsqrt(mean(q²) + eps) * q_weight * k_weight`` in fp32 (the K weight is folded into Q:
     ``q_n · k_n = Σ_d (q_n,d γk_d) k_d · rstd_k``; ``K_NORM = "materialize"``: ``q_weight`` only), rounds it and
-    keeps it in registers as the wgmma A operand;
+    keeps it in registers as the wgmma A operand (``PIPELINE``: in shared memory, see below);
   - per KV tile: issue ``S = q' @ kᵀ`` on the *raw* K tile (wgmma, B straight from the TMA-loaded shared-memory
     buffer), get the K rows' ``rstd_k = rsqrt(mean(k²) + eps)`` (see ``K_NORM`` below), then ``S *= rstd_k ·
     log2(e)/sqrt(D)`` (a column scale), causal / sequence-end mask only on the tiles that need it, online softmax,
@@ -24,7 +24,25 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
     so ``S *= log2(e)/sqrt(D)`` exactly as in the plain ``attention``;
   - ``PINGPONG``: the two warpgroups take turns issuing their QKᵀ wgmma (named barriers 9 / 10, as the
     ping-pong tutorial), so one group's softmax overlaps the other's tensor-core work;
+  - ``PIPELINE`` (FlashAttention-3's intra-warpgroup overlap, after ``hopper_fa_ws_pipelined_pingpong.py``): the
+    first tile's QKᵀ is peeled; step j issues the QKᵀ wgmma of tile j, then the PV wgmma of tile j-1 (P kept in
+    the input dtype, 32 registers per thread), waits for the QKᵀ only (``async_dot_wait(1)``) and runs the softmax
+    of tile j while the PV still runs, then waits for it and rescales ``acc``; the PV of the last tile follows the
+    loop. The QKᵀ A operand is read from shared memory (SS wgmma; the fused op first writes its normalized Q over
+    the raw tile, behind a proxy fence and warpgroup barriers ``Q_READY_BARRIER + cid``), which frees Q's 32
+    registers per thread for the second tile in flight (no spills in the loop at 232 registers); the softmax folds
+    the scale into one FMA (``exp2(s · scale - m)``; m kept in the scaled log2 domain), so its rounding differs
+    from the non-pipelined loop's by an ulp. ``PINGPONG_PV`` (with ``PIPELINE`` and ``PINGPONG``): the ordered region
+    covers both GEMM issues of a step (FA3's order: one warpgroup's QKᵀ + PV back to back while the other runs
+    its softmax), not only the QKᵀ (the tutorial's). ``K_NORM = "inloop"`` is not pipelined (ValueError);
+  - ``WARP_ARRIVE``: the K / V ``empty`` barriers count every consumer thread (``alloc_warp_barrier``), so a
+    release is a per-thread arrive after the thread's own wgmma wait, without the warpgroup ``bar.sync`` that the
+    elected-thread arrive needs;
   - epilogue: ``acc / l``, optional output RMSNorm, masked pointer store.
+* **Order** (``LPT``, causal only): the CTA index is remapped so that the heaviest Q tiles (the last ones, with
+  the longest KV prefix) of every (batch, head) of the launch are dispatched first (longest-processing-time first,
+  for the tail of the grid); non-causal launches keep the natural order (Q tiles of one head next to each other,
+  sharing K/V in L2).
 
 The K norm (``TilingConfig.K_NORM``; the math ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j ·
 Σ_d (q_i,d γq_d γk_d) k_j,d`` is the same for the first two):
@@ -36,7 +54,8 @@ The pre-pass kernels are plain Triton row kernels (no TLX extension needed), sha
   ``RSTD_BLOCK_ROWS`` K rows per program) reads K once and writes
   ``rstd_k`` in fp32, ``[B, Hkv, S]`` (4 bytes per key, not a normalized copy of K); each consumer loads the
   tile's ``[BLOCK_N]`` rstd_k vector with a masked pointer load issued at the top of the iteration, before the
-  K-full / ping-pong waits, so its (L2) latency hides behind them and the QKᵀ wgmma. The consumers never read the
+  K-full / ping-pong waits, so its (L2) latency hides behind them and the QKᵀ wgmma (``PIPELINE``: issued after
+  the two GEMMs of the step, so that it holds no registers across their issue). The consumers never read the
   K tile into registers (the wgmma reads it from shared memory);
 * ``"inloop"`` (the previous code path): while the QKᵀ wgmma runs, each consumer warpgroup computes rstd_k from
   the K tile in shared memory in 32-column slices (``local_load``, fp32 sum of squares): once per K/V tile load
@@ -58,9 +77,11 @@ What TLX could express: all three forms; the prepass form keeps the FA3-style pi
 → shared memory → wgmma) and adds one ``[BLOCK_N]`` fp32 load and a column scale per tile; the materialize form's
 KV loop is the plain attention's. What it could not (or
 this module does not): a normalized K tile shared by the CTAs of one launch (hence the pre-pass, one extra read
-of K: ~0.1-1% of the attention time at the benchmark shapes); the intra-warpgroup software pipelining of the
-"pipelined ping-pong" tutorial (QKᵀ of tile j+1 overlapping PV of tile j) is not used; a TMA load of the rstd_k
-vector by the producer (a 1-D descriptor needs 16-byte aligned row strides, i.e. S padded to a multiple of 4).
+of K: ~0.1-1% of the attention time at the benchmark shapes); a persistent grid (FA3 / the ``_persistent``
+tutorial: the next tile's descriptors and Q load behind the current tile's loop; the per-head device-side
+descriptors would then be rebuilt while TMA loads through them may be in flight); ``BLOCK_N = 176`` (FA3's
+non-causal hdim-128 tile: Triton tensors are powers of two); a TMA load of the rstd_k vector by the producer (a
+1-D descriptor needs 16-byte aligned row strides, i.e. S padded to a multiple of 4).
 fp16/bf16 only (wgmma); nothing TLX runs on the CPU, so the CPU check is the sm_90a compile (wgmma, TMA, mbarrier,
 setmaxnreg).
 
@@ -91,6 +112,9 @@ from normfuse.validate import aligned, check_eps, check_forward_only
 
 NUM_MMA_GROUPS = 2  # consumer warpgroups, 64 query rows each
 CONSUMER_REGS = 232
+# named barriers: 9 / 10 the ping-pong pair; Q_READY_BARRIER + cid (PIPELINE with norms) one consumer warpgroup's
+# "normalized Q stored" barrier (the compiler takes 0-3 for its own CTA / partition barriers)
+Q_READY_BARRIER = tl.constexpr(11)
 K_NORM_MODES = ("prepass", "inloop", "materialize")
 
 
@@ -101,13 +125,21 @@ class TilingConfig(TilingConfigBase):
     ``K_NORM`` (``"prepass"``: a pre-pass kernel computes ``rstd_k`` and the consumers load it as a ``[BLOCK_N]``
     vector; ``"inloop"``: the consumers compute ``rstd_k`` from the K tile in shared memory; ``"materialize"``: a
     pre-pass kernel writes the normalized K copy ``k_n`` and the KV loop is the plain attention's; ignored by
-    ``attention``). Raises ValueError naming the violated constraint."""
+    ``attention``), the FlashAttention-3 options (module docstring; all off by default): ``PIPELINE``
+    (intra-warpgroup overlap of the softmax with the next QKᵀ and the previous PV; not with ``"inloop"``),
+    ``PINGPONG_PV`` (needs ``PIPELINE`` and ``PINGPONG``: the ordered region covers the PV issue too), ``LPT``
+    (causal: heaviest Q tiles dispatched first), ``WARP_ARRIVE`` (per-thread K/V buffer releases). Raises
+    ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     NUM_BUFFERS: int = 2
     PINGPONG: bool = True
     K_NORM: str = "prepass"
+    PIPELINE: bool = False
+    PINGPONG_PV: bool = False
+    LPT: bool = False
+    WARP_ARRIVE: bool = False
 
     def __post_init__(self):
         if self.BLOCK_M != 128:
@@ -120,6 +152,43 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"PINGPONG must be a bool, got {self.PINGPONG!r}")
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
+        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.PINGPONG_PV and not (self.PIPELINE and self.PINGPONG):
+            raise ValueError("PINGPONG_PV needs PIPELINE and PINGPONG (it widens the ping-pong region of the "
+                             "pipelined loop to the PV issue)")
+        if self.PIPELINE and self.K_NORM == "inloop":
+            raise ValueError("PIPELINE supports K_NORM prepass or materialize, not inloop (the in-loop K norm stays "
+                             "on the non-pipelined path)")
+
+
+@triton.jit
+def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, row0, S,
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, COL_SCALE: tl.constexpr):
+    """Online-softmax step of the pipelined loop on one ``[BLOCK_M_SPLIT, BLOCK_N]`` fp32 score tile ``qk``:
+    column scale (``COL_SCALE``: ``rstd_k · log2(e)/sqrt(D)`` per key) or the scalar ``qk_scale`` folded into the
+    exponent's FMA (``exp2(qk · qk_scale - m)``, m in the scaled log2 domain), causal / sequence-end mask only when
+    the tile needs it. Returns ``(p fp32, m_new, l_new, alpha)``; the caller rescales its accumulator by alpha."""
+    if COL_SCALE:
+        qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
+    need_mask = start_n + BLOCK_N > S
+    if CAUSAL:
+        need_mask = need_mask | (start_n + BLOCK_N > row0 + 1)
+    if need_mask:
+        valid = offs_n[None, :] < S
+        if CAUSAL:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None])
+        qk = tl.where(valid, qk, float("-inf"))
+    if COL_SCALE:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_ij[:, None])
+    else:  # qk_scale > 0, so max(qk) · qk_scale = max(qk · qk_scale); one FMA per score
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+    alpha = tl.math.exp2(m_i - m_ij)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, m_ij, l_i, alpha
 
 
 @triton.jit
@@ -127,14 +196,23 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        NUM_BUFFERS: tl.constexpr, NUM_MMA_GROUPS: tl.constexpr, CAUSAL: tl.constexpr,
                        NORM_QK: tl.constexpr, K_PREPASS: tl.constexpr, NORM_O: tl.constexpr,
-                       PINGPONG: tl.constexpr, CONSUMER_REGS: tl.constexpr, K_MATERIALIZED: tl.constexpr):
+                       PINGPONG: tl.constexpr, CONSUMER_REGS: tl.constexpr, K_MATERIALIZED: tl.constexpr,
+                       PIPELINE: tl.constexpr = False, PINGPONG_PV: tl.constexpr = False,
+                       LPT: tl.constexpr = False, WARP_ARRIVE: tl.constexpr = False):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
     COL_SCALE: tl.constexpr = NORM_QK and not K_MATERIALIZED  # scale S's columns by rstd_k (prepass / inloop)
     D_CHUNK: tl.constexpr = 32
     dtype = Q.dtype.element_ty
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    if LPT and CAUSAL:  # heaviest Q tiles (the last ones: the longest KV prefix) first, across all (batch, head)
+        num_m = tl.num_programs(0)
+        num_bh = tl.num_programs(1)
+        lin = tl.program_id(1).to(tl.int64) * num_m + tl.program_id(0)  # the order in which CTAs are dispatched
+        start_m = (num_m - 1 - lin // num_bh).to(tl.int32)
+        bh = (lin % num_bh).to(tl.int32)
+    else:
+        start_m = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // HQ
     h = bh % HQ
     hkv = b * (HQ // GROUP) + h // GROUP
@@ -152,9 +230,17 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS)
     v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS, arrive_count=1)
-    k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_MMA_GROUPS)
+    # empties: WARP_ARRIVE: every consumer thread arrives on its own (no warpgroup bar.sync before each release);
+    # otherwise one elected thread per consumer warpgroup arrives, after a warpgroup barrier
+    if WARP_ARRIVE:
+        k_empties = tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS, num_warps=4, num_arrivals=NUM_MMA_GROUPS)
+    else:
+        k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_MMA_GROUPS)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
-    v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_MMA_GROUPS)
+    if WARP_ARRIVE:
+        v_empties = tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS, num_warps=4, num_arrivals=NUM_MMA_GROUPS)
+    else:
+        v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_MMA_GROUPS)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
 
     with tlx.async_tasks():
@@ -188,75 +274,155 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
             offs_m = row0 + tl.arange(0, BLOCK_M_SPLIT)
             offs_d = tl.arange(0, HEAD_DIM)
             tlx.barrier_wait(q_fulls[cid], 0)
-            qf = tlx.local_load(q_tiles[cid]).to(tl.float32)
-            if K_MATERIALIZED:  # once per Q tile; K arrives normalized (k_n, γk included): γq only
-                qw = tl.load(QW + offs_d).to(tl.float32)
-                qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * qw[None, :]
-            elif NORM_QK:  # once per Q tile; k_weight folded into Q (the K rows' rstd scales S's columns)
-                qw = tl.load(QW + offs_d).to(tl.float32)
-                kw = tl.load(KW + offs_d).to(tl.float32)
-                qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * (qw * kw)[None, :]
-            q = qf.to(dtype)
+            if PIPELINE and not NORM_QK:  # the QKᵀ A operand straight from the TMA-loaded buffer (SS wgmma)
+                q = q_tiles[cid]
+            else:
+                qf = tlx.local_load(q_tiles[cid]).to(tl.float32)
+                if K_MATERIALIZED:  # once per Q tile; K arrives normalized (k_n, γk included): γq only
+                    qw = tl.load(QW + offs_d).to(tl.float32)
+                    qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * qw[None, :]
+                elif NORM_QK:  # once per Q tile; k_weight folded into Q (the K rows' rstd scales S's columns)
+                    qw = tl.load(QW + offs_d).to(tl.float32)
+                    kw = tl.load(KW + offs_d).to(tl.float32)
+                    qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * (qw * kw)[None, :]
+                q = qf.to(dtype)
+                if PIPELINE:  # normalized Q written back over the raw tile: the wgmma reads it from shared memory
+                    # (frees its 32 registers per thread for the pipeline); the warpgroup barriers: every thread has
+                    # read the raw tile before any overwrites it, and every thread's rows are stored before the wgmma
+                    tlx.named_barrier_wait(Q_READY_BARRIER + cid, 128)
+                    tlx.local_store(q_tiles[cid], q)
+                    tlx.fence("async_shared")  # generic-proxy stores -> async-proxy (wgmma) reads
+                    tlx.named_barrier_wait(Q_READY_BARRIER + cid, 128)
+                    q = q_tiles[cid]
             m_i = tl.full([BLOCK_M_SPLIT], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M_SPLIT, HEAD_DIM], dtype=tl.float32)
             if PINGPONG:
                 if cid == 1:
                     tlx.named_barrier_arrive(9, 256)
-            kv_phase = 1
-            cnt = 0
-            for start_n in tl.range(0, hi, BLOCK_N):
-                buf = cnt % NUM_BUFFERS
-                kv_phase = kv_phase ^ (buf == 0)
-                offs_n = start_n + tl.arange(0, BLOCK_N)
-                if K_PREPASS:  # rstd_k of this tile's keys, issued first so that its latency hides behind the waits
+            if PIPELINE:  # FA3 intra-warpgroup overlap: QKᵀ of tile j+1 and PV of tile j in flight during softmax
+                # tile 0: QKᵀ only (its PV is issued in the next iteration, or after the loop)
+                offs_n = tl.arange(0, BLOCK_N)
+                if K_PREPASS:
                     rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
-                tlx.barrier_wait(k_fulls[buf], kv_phase)
+                tlx.barrier_wait(k_fulls[0], 0)
                 if PINGPONG:
                     if cid == 0:
                         tlx.named_barrier_wait(9, 256)
                     else:
                         tlx.named_barrier_wait(10, 256)
-                qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
+                qk = tlx.async_dot(q, tlx.local_trans(k_tiles[0]))
                 if PINGPONG:
                     if cid == 0:
                         tlx.named_barrier_arrive(10, 256)
                     else:
                         tlx.named_barrier_arrive(9, 256)
+                col_scale = qk_scale
                 if K_PREPASS:
                     col_scale = rstd_k * qk_scale
-                elif COL_SCALE:  # "inloop": rstd of the K rows, from shared memory, while the wgmma runs
-                    ss = tl.zeros([BLOCK_N], dtype=tl.float32)
-                    for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
-                        kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [0, d0], [BLOCK_N, D_CHUNK]))
-                        kc = kc.to(tl.float32)
-                        ss += tl.sum(kc * kc, 1)
-                    col_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
                 qk = tlx.async_dot_wait(0, qk)
-                tlx.barrier_arrive(k_empties[buf], 1)
-                if COL_SCALE:
-                    qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
-                else:  # attention, or K_NORM = "materialize" (k_n already normalized)
-                    qk = qk * qk_scale
-                need_mask = start_n + BLOCK_N > S
-                if CAUSAL:
-                    need_mask = need_mask | (start_n + BLOCK_N > row0 + 1)
-                if need_mask:
-                    valid = offs_n[None, :] < S
-                    if CAUSAL:
-                        valid = valid & (offs_n[None, :] <= offs_m[:, None])
-                    qk = tl.where(valid, qk, float("-inf"))
-                m_ij = tl.maximum(m_i, tl.max(qk, 1))
-                p = tl.math.exp2(qk - m_ij[:, None])
-                alpha = tl.math.exp2(m_i - m_ij)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None]
-                m_i = m_ij
-                tlx.barrier_wait(v_fulls[buf], kv_phase)
-                acc = tlx.async_dot(p.to(dtype), v_tiles[buf], acc)
+                tlx.barrier_arrive(k_empties[0], 1)
+                p, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, 0, row0, S,
+                                                   BLOCK_N, CAUSAL, COL_SCALE)  # acc = 0: no rescale
+                p = p.to(dtype)  # the loop carries P in the input dtype (32 registers per thread, not 64)
+                cnt = 1
+                for start_n in tl.range(BLOCK_N, hi, BLOCK_N):
+                    buf = cnt % NUM_BUFFERS
+                    phase = (cnt // NUM_BUFFERS) & 1
+                    pbuf = (cnt - 1) % NUM_BUFFERS  # the previous tile's V buffer
+                    pphase = ((cnt - 1) // NUM_BUFFERS) & 1
+                    offs_n = start_n + tl.arange(0, BLOCK_N)
+                    tlx.barrier_wait(k_fulls[buf], phase)
+                    if PINGPONG:
+                        if cid == 0:
+                            tlx.named_barrier_wait(9, 256)
+                        else:
+                            tlx.named_barrier_wait(10, 256)
+                    qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
+                    if PINGPONG and not PINGPONG_PV:
+                        if cid == 0:
+                            tlx.named_barrier_arrive(10, 256)
+                        else:
+                            tlx.named_barrier_arrive(9, 256)
+                    tlx.barrier_wait(v_fulls[pbuf], pphase)
+                    acc = tlx.async_dot(p, v_tiles[pbuf], acc)
+                    if PINGPONG_PV:  # FA3: both GEMMs of this step issued inside the ordered region
+                        if cid == 0:
+                            tlx.named_barrier_arrive(10, 256)
+                        else:
+                            tlx.named_barrier_arrive(9, 256)
+                    if K_PREPASS:  # issued after both GEMMs: its latency hides behind them (and it holds no
+                        # registers across the issue)
+                        col_scale = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0) * qk_scale
+                    qk = tlx.async_dot_wait(1, qk)  # this tile's QKᵀ done; the previous PV may still run
+                    tlx.barrier_arrive(k_empties[buf], 1)
+                    p_new, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n,
+                                                           start_n, row0, S, BLOCK_N, CAUSAL, COL_SCALE)
+                    acc = tlx.async_dot_wait(0, acc)
+                    tlx.barrier_arrive(v_empties[pbuf], 1)
+                    acc = acc * alpha[:, None]
+                    p = p_new.to(dtype)  # after the PV wait: the previous P's registers are free again
+                    cnt += 1
+                pbuf = (cnt - 1) % NUM_BUFFERS  # the last tile's PV
+                tlx.barrier_wait(v_fulls[pbuf], ((cnt - 1) // NUM_BUFFERS) & 1)
+                acc = tlx.async_dot(p, v_tiles[pbuf], acc)
                 acc = tlx.async_dot_wait(0, acc)
-                tlx.barrier_arrive(v_empties[buf], 1)
-                cnt += 1
+                tlx.barrier_arrive(v_empties[pbuf], 1)
+            else:
+                kv_phase = 1
+                cnt = 0
+                for start_n in tl.range(0, hi, BLOCK_N):
+                    buf = cnt % NUM_BUFFERS
+                    kv_phase = kv_phase ^ (buf == 0)
+                    offs_n = start_n + tl.arange(0, BLOCK_N)
+                    if K_PREPASS:  # rstd_k of this tile's keys, issued first so that its latency hides behind the waits
+                        rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
+                    tlx.barrier_wait(k_fulls[buf], kv_phase)
+                    if PINGPONG:
+                        if cid == 0:
+                            tlx.named_barrier_wait(9, 256)
+                        else:
+                            tlx.named_barrier_wait(10, 256)
+                    qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
+                    if PINGPONG:
+                        if cid == 0:
+                            tlx.named_barrier_arrive(10, 256)
+                        else:
+                            tlx.named_barrier_arrive(9, 256)
+                    if K_PREPASS:
+                        col_scale = rstd_k * qk_scale
+                    elif COL_SCALE:  # "inloop": rstd of the K rows, from shared memory, while the wgmma runs
+                        ss = tl.zeros([BLOCK_N], dtype=tl.float32)
+                        for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
+                            kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [0, d0], [BLOCK_N, D_CHUNK]))
+                            kc = kc.to(tl.float32)
+                            ss += tl.sum(kc * kc, 1)
+                        col_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
+                    qk = tlx.async_dot_wait(0, qk)
+                    tlx.barrier_arrive(k_empties[buf], 1)
+                    if COL_SCALE:
+                        qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
+                    else:  # attention, or K_NORM = "materialize" (k_n already normalized)
+                        qk = qk * qk_scale
+                    need_mask = start_n + BLOCK_N > S
+                    if CAUSAL:
+                        need_mask = need_mask | (start_n + BLOCK_N > row0 + 1)
+                    if need_mask:
+                        valid = offs_n[None, :] < S
+                        if CAUSAL:
+                            valid = valid & (offs_n[None, :] <= offs_m[:, None])
+                        qk = tl.where(valid, qk, float("-inf"))
+                    m_ij = tl.maximum(m_i, tl.max(qk, 1))
+                    p = tl.math.exp2(qk - m_ij[:, None])
+                    alpha = tl.math.exp2(m_i - m_ij)
+                    l_i = l_i * alpha + tl.sum(p, 1)
+                    acc = acc * alpha[:, None]
+                    m_i = m_ij
+                    tlx.barrier_wait(v_fulls[buf], kv_phase)
+                    acc = tlx.async_dot(p.to(dtype), v_tiles[buf], acc)
+                    acc = tlx.async_dot_wait(0, acc)
+                    tlx.barrier_arrive(v_empties[buf], 1)
+                    cnt += 1
             acc = acc / l_i[:, None]
             if NORM_O:
                 ow = tl.load(OW + offs_d).to(tl.float32)
@@ -296,7 +462,9 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
               NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, K_PREPASS=prepass,
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
-              K_MATERIALIZED=materialize, num_warps=4, num_stages=1)
+              K_MATERIALIZED=materialize, PIPELINE=cfg.PIPELINE, PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
+              WARP_ARRIVE=cfg.WARP_ARRIVE,
+              num_warps=4, num_stages=1)
     return o, launches, kw, pre
 
 

@@ -33,7 +33,7 @@ from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
 
 CONFIGS = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml").read_text())["tlx"]
-assert len(CONFIGS) == 5 and {c["K_NORM"] for c in CONFIGS} == {"prepass", "inloop", "materialize"}, CONFIGS
+assert len(CONFIGS) == 10 and {c["K_NORM"] for c in CONFIGS} == {"prepass", "inloop", "materialize"}, CONFIGS
 
 
 def _cfg(c):
@@ -62,8 +62,10 @@ def test_shipped_configs_compile_for_sm90a(entry, op, causal):
     if pre is not None:
         assert pre["smem_ok"] and pre["ptx_markers"]["wgmma"] == 0, pre
     # global (non-TMA) loads, per consumer warpgroup: q_weight [+ k_weight] [+ o_weight] once, + prepass's rstd_k
-    # vector per KV tile; materialize loads no K-side data at all (k_n arrives by TMA like the plain attention's K)
+    # vector per KV tile (PIPELINE: a second rstd_k load site, the peeled first tile's); materialize loads no K-side
+    # data at all (k_n arrives by TMA like the plain attention's K)
     per_group = {"prepass": 3, "inloop": 2, "materialize": 1, None: 0}[k_norm] + (k_norm is not None and causal)
+    per_group += k_norm == "prepass" and cfg.get("PIPELINE", False)
     assert r["global_loads"] == K.NUM_MMA_GROUPS * per_group, (k_norm, causal, r["global_loads"])
 
 
