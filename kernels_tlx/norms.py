@@ -83,6 +83,7 @@ CLUSTER_SIZES = (1, 2, 4, 8)  # 8 = the portable cluster-size limit on Hopper
 # fp32 elements of x one thread keeps in registers (ROWS * BLOCK_N / threads). 64 leaves room for LayerNorm's
 # centred copy; 128 is the most offered (likely spills for LayerNorm -- prefer more warps or a cluster).
 MAX_ELEMS_PER_THREAD = 128
+_FP32_TINY, _FP32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # CONST_EPS: eps stays an fp32 constant
 
 
 def _is_pow2(v: int) -> bool:
@@ -100,6 +101,15 @@ class TilingConfig(TilingConfigBase):
         CLUSTER_SIZE: 1 = plain one-CTA-per-``ROWS``-rows kernel; 2/4/8 = each row split over a thread-block
             cluster of that many CTAs, partial sums exchanged through DSMEM (for very wide rows, N >= 16384).
         num_warps: warps per CTA (power of 2, 1..32).
+        SPECIALIZE: compile for one (M, N), as ``torch.compile(dynamic=False)`` does (plain kernel only): M and N
+            compile-time constants, no row predicates when ``M % ROWS == 0``, no column predicates when
+            ``N == BLOCK_N``, int32 row offsets when every offset fits (``cdiv(M, ROWS) * ROWS * N < 2^31``). One
+            compile per shape; same arithmetic (the plain kernel never had an L2 eviction hint: Triton's
+            ``EVICT="none"`` is this kernel's only behaviour).
+        STATS: store the fp32 statistics (default). False (plain kernel only): write y only, like the
+            ``torch_compile_norm`` baseline; the functions then return ``(y,)``.
+        CONST_EPS: compile ``eps`` in as an fp32 constant (plain kernel only), as Inductor does: one compile per
+            eps, bit-identical output.
 
     Construction validates the N-independent constraints; ``block_n(N)`` checks the N-dependent ones (row
     coverage, registers per thread). Both raise ValueError naming the constraint.
@@ -109,9 +119,17 @@ class TilingConfig(TilingConfigBase):
     ROWS: int = 1
     CLUSTER_SIZE: int = 1
     num_warps: int = 8
+    SPECIALIZE: bool = False
+    STATS: bool = True
+    CONST_EPS: bool = False
 
     def __post_init__(self):
         errors = []
+        for name in ("SPECIALIZE", "STATS", "CONST_EPS"):
+            if not isinstance(getattr(self, name), bool):
+                errors.append(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.CLUSTER_SIZE != 1 and (self.SPECIALIZE or not self.STATS or self.CONST_EPS):
+            errors.append("SPECIALIZE / STATS=False / CONST_EPS are options of the plain kernel (CLUSTER_SIZE=1)")
         for name in ("ROWS", "CLUSTER_SIZE", "num_warps") + (("BLOCK_N", ) if self.BLOCK_N is not None else ()):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -222,6 +240,72 @@ def _norm_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, eps,
 
 
 @triton.jit
+def _norm_rows_spec_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, eps, M: tl.constexpr, N: tl.constexpr,
+                           BLOCK_N: tl.constexpr, ROWS: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+                           HAS_B: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, IDX64: tl.constexpr,
+                           STATS: tl.constexpr, EPS_C: tl.constexpr):
+    """The plain kernel specialized for one shape (``SPECIALIZE`` / ``STATS`` / ``CONST_EPS``; the unspecialized
+    kernel above stays as it was): M, N constexpr; predicates only where the shape does not divide the tile."""
+    if EPS_C > 0.0:  # CONST_EPS: the same fp32 value as the runtime argument, folded in
+        EPS: tl.constexpr = EPS_C
+    else:
+        EPS = eps
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    if EVEN_N:
+        mask = row_ok[:, None]
+    elif EVEN_M:
+        mask = col_ok[None, :]
+    else:
+        mask = row_ok[:, None] & col_ok[None, :]
+    if IDX64:
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    else:
+        offs = rows[:, None] * N + cols[None, :]
+    if EVEN_M and EVEN_N:
+        x = tl.load(x_ptr + offs).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if IS_RMS:
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / N + EPS)
+        xhat = x * rstd[:, None]
+    else:
+        mean = tl.sum(x, axis=1) / N
+        if EVEN_N:
+            xc = x - mean[:, None]
+        else:
+            xc = tl.where(col_ok[None, :], x - mean[:, None], 0.0)  # masked columns must not add (0 - mean)^2
+        rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=1) / N + EPS)
+        xhat = xc * rstd[:, None]
+        if STATS:
+            if EVEN_M:
+                tl.store(mean_ptr + rows, mean)
+            else:
+                tl.store(mean_ptr + rows, mean, mask=row_ok)
+    if STATS:
+        if EVEN_M:
+            tl.store(rstd_ptr + rows, rstd)
+        else:
+            tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+    if HAS_W:
+        if EVEN_N:
+            xhat = xhat * tl.load(w_ptr + cols).to(tl.float32)[None, :]
+        else:
+            xhat = xhat * tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        if EVEN_N:
+            xhat = xhat + tl.load(b_ptr + cols).to(tl.float32)[None, :]
+        else:
+            xhat = xhat + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if EVEN_M and EVEN_N:
+        tl.store(y_ptr + offs, xhat.to(y_ptr.dtype.element_ty))
+    else:
+        tl.store(y_ptr + offs, xhat.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _cluster_allreduce(part, slots, bar, rank, NCTA: tl.constexpr):
     """Cluster-wide sum of the ``[1]`` fp32 ``part`` (steps 4-5 of the module docstring). ``bar`` must already
     be armed with ``4 * (NCTA - 1)`` expected bytes in every CTA, and a ``cluster_barrier`` passed since."""
@@ -293,6 +377,17 @@ def _validate(x, weight, bias, eps, *, need_cuda: bool) -> tuple[int, int]:
     return M, N
 
 
+def spec_params(M: int, N: int, config=None) -> dict:
+    """Shape specialization of the plain kernel for ``x [M, N]`` (pure host arithmetic): ``EVEN_M`` (no row
+    predicates), ``EVEN_N`` (no column predicates) and ``IDX64`` (int64 row offsets); without ``SPECIALIZE``
+    everything is masked and int64, as in the unspecialized kernel."""
+    cfg = TilingConfig.from_dict(config)
+    bn = cfg.block_n(N)
+    if not cfg.SPECIALIZE:
+        return dict(EVEN_M=False, EVEN_N=False, IDX64=True)
+    return dict(EVEN_M=M % cfg.ROWS == 0, EVEN_N=N == bn, IDX64=triton.cdiv(M, cfg.ROWS) * cfg.ROWS * N >= 2**31)
+
+
 def _launch(op: str, x, weight, bias, eps, cfg: TilingConfig, *, need_cuda: bool, compile_only: bool = False):
     """Validate, allocate outputs and launch (or, with ``compile_only``, ``warmup``) the kernel.
     Returns (y, mean or None, rstd, compiled-or-None, grid, block_n)."""
@@ -306,13 +401,22 @@ def _launch(op: str, x, weight, bias, eps, cfg: TilingConfig, *, need_cuda: bool
     if need_cuda and x.device.type != "cuda":
         raise ValueError(f"inputs must be CUDA tensors, got device {x.device}")
     y = torch.empty_like(x)
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    mean = None if is_rms else torch.empty(M, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device) if cfg.STATS else None
+    mean = None if is_rms or not cfg.STATS else torch.empty(M, dtype=torch.float32, device=x.device)
     args = (x, weight if weight is not None else x, bias if bias is not None else x, y,
-            mean if mean is not None else rstd, rstd)
+            mean if mean is not None else (rstd if rstd is not None else y), rstd if rstd is not None else y)
     common = dict(BLOCK_N=bn, IS_RMS=is_rms, HAS_W=weight is not None, HAS_B=bias is not None,
                   num_warps=cfg.num_warps)
-    if cfg.CLUSTER_SIZE == 1:
+    if cfg.CLUSTER_SIZE == 1 and (cfg.SPECIALIZE or not cfg.STATS or cfg.CONST_EPS):
+        if cfg.CONST_EPS and not _FP32_TINY <= float(eps) <= _FP32_MAX:  # else Triton types the constant fp64
+            raise ValueError(f"CONST_EPS needs eps in the normal fp32 range [{_FP32_TINY}, {_FP32_MAX:.4g}], "
+                             f"got {eps!r}")
+        grid = (triton.cdiv(M, cfg.ROWS), )
+        spec = spec_params(M, N, cfg)
+        kernel, args = _norm_rows_spec_kernel, args + (float(eps), )
+        kw = dict(common, ROWS=cfg.ROWS, M=M, N=N, STATS=cfg.STATS, EPS_C=float(eps) if cfg.CONST_EPS else 0.0,
+                  **spec)
+    elif cfg.CLUSTER_SIZE == 1:
         grid = (triton.cdiv(M, cfg.ROWS), )
         kernel, args, kw = _norm_rows_kernel, args + (M, N, float(eps)), dict(common, ROWS=cfg.ROWS)
     else:
@@ -326,7 +430,7 @@ def _launch(op: str, x, weight, bias, eps, cfg: TilingConfig, *, need_cuda: bool
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float = 1e-6,
-             config=None) -> tuple[torch.Tensor, torch.Tensor]:
+             config=None) -> tuple[torch.Tensor, ...]:
     """RMSNorm forward: ``y = x * rsqrt(mean(x^2, -1) + eps) (* weight)``.
 
     Args:
@@ -339,7 +443,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
             splits each row over a thread-block cluster (DSMEM exchange of the partial sums).
 
     Returns:
-        ``(y [M, N] x.dtype, rstd [M] fp32)``.
+        ``(y [M, N] x.dtype, rstd [M] fp32)``; ``(y,)`` with ``STATS=False``.
 
     Raises:
         NotImplementedError: an input requires grad with grad mode on (forward only).
@@ -349,23 +453,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     """
     check_forward_only("norms.rms_norm", x=x, weight=weight)
     y, _, rstd, _, _, _ = _launch("rms_norm", x, weight, None, eps, TilingConfig.from_dict(config), need_cuda=True)
-    return y, rstd
+    return (y, rstd) if rstd is not None else (y, )
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
-               eps: float = 1e-5, config=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               eps: float = 1e-5, config=None) -> tuple[torch.Tensor, ...]:
     """LayerNorm forward (biased variance, two-pass): ``y = (x - mean) * rsqrt(var + eps) (* weight + bias)``.
 
     The cluster variant (``CLUSTER_SIZE > 1``) exchanges sum(x) first, then the centred sum of squares, both
     summed in rank order (deterministic). Args, dtypes and errors as in ``rms_norm``; ``bias`` ``[N]`` or None.
 
     Returns:
-        ``(y [M, N] x.dtype, mean [M] fp32, rstd [M] fp32)``.
+        ``(y [M, N] x.dtype, mean [M] fp32, rstd [M] fp32)``; ``(y,)`` with ``STATS=False``.
     """
     check_forward_only("norms.layer_norm", x=x, weight=weight, bias=bias)
     y, mean, rstd, _, _, _ = _launch("layer_norm", x, weight, bias, eps, TilingConfig.from_dict(config),
                                      need_cuda=True)
-    return y, mean, rstd
+    return (y, mean, rstd) if rstd is not None else (y, )
 
 
 def _ptxas_info(ptx: str) -> dict:

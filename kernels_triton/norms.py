@@ -37,6 +37,15 @@ results/inductor_norms/20261201_h200/*.kernel.txt). sm_90 PTX of ``per-w1-spec``
 instructions (RMS) and 294 / 259 (LN) against Inductor's 209 / 184 and 293 / 258 (unspecialized ``per-w1``: 233 /
 216, 356 / 326); the remaining instruction is the runtime ``eps`` (Inductor folds it).
 
+v3 (options, off by default): ``CONST_EPS`` compiles eps in, which removes that instruction (``per-w1-spec-eps``: 209 /
+184 and 293 / 258, Inductor's counts). ``LN_STATS="shifted"`` replaces the looped LayerNorm's per-chunk two-pass
+statistics -- two barrier-separated cross-thread reductions per chunk (16 at N = 16384 in 2048-wide chunks), so each
+chunk's loads wait for the previous chunk's reductions, while Inductor's Welford loop is elementwise with one
+reduction after it; both read x twice (statistics loop, then the re-read loop) -- by elementwise shifted sums and one
+paired reduction after the loop. It also brings the one-chunk re-read LayerNorm at 262144 x 32768 (32 warps) from 64
+to 32 registers (two 1024-thread programs per SM, as Inductor's kernel). ``MAXNREG`` passes Triton's ``maxnreg``
+option to ptxas: capping the two-pass kernel there at 32 registers spills (~170 bytes).
+
 Persistent grid (``PERSISTENT=True``): ``min(#tiles, #SMs * max(1, 32 // num_warps))`` programs (an estimate
 of how many are co-resident: half the 64 warps an SM can hold, leaving room for register limits) loop over
 row tiles; otherwise one program per tile. Which wins is for the GPU sweep to say (``PROPOSED_TILINGS``).
@@ -104,6 +113,8 @@ _AUTO_LOOP_BLOCK_N = 8192  # BLOCK_N=None and N > _MAX_WHOLE_ROW
 _MAX_ROWS = 256
 _DEFAULT_NUM_SMS = 132  # H100 SXM / H200 (used off-GPU: interpreter, compile-only)
 _EVICT_POLICIES = {"first": "evict_first", "last": "evict_last", "none": ""}  # EVICT -> Triton eviction_policy
+_LN_STATS = ("twopass", "shifted")  # LN_STATS: looped LayerNorm statistics
+_FP32_TINY, _FP32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # CONST_EPS: eps stays an fp32 constant
 
 if _interpreting():
     _fix_interpreter_scalar_index()
@@ -145,6 +156,21 @@ class TilingConfig(TilingConfigBase):
       functions then return the 1-tuple ``(y,)`` (``out[0]`` is y either way). For like-for-like timing against
       Inductor, not for callers that need the statistics (backward).
 
+    * ``CONST_EPS`` (bool): compile ``eps`` in as a constant, as Inductor does (``tmp = 1e-05`` in its kernels), instead
+      of a runtime fp32 argument: one compile per eps value, one PTX instruction less (the parameter load). The
+      constant is the same fp32 value, so the output is bit-identical.
+    * ``LN_STATS`` ("twopass" | "shifted"): LayerNorm statistics of the looped / re-read kernel. "twopass" (default):
+      per chunk the mean, then the centred sum of squares, merged with Chan's update: two cross-thread reductions
+      (shared memory + barriers) per chunk, so each chunk's loads wait for the previous chunk's reductions.
+      "shifted": one-pass shifted sums ``S1 = sum(x - c)``, ``S2 = sum((x - c)^2)`` with ``c = x[row, 0]``,
+      accumulated elementwise in the loop (like the RMS accumulator, like Inductor's elementwise Welford loop) and
+      reduced once after it: ``mean = c + S1 / N``, ``var = max(S2 / N - (S1 / N)^2, 0)``. Stable for mean-shifted
+      rows (the shift removes the mean up to one element's deviation: ``(mean - c)^2 <= N * var``), not
+      ``E[x^2] - mean^2``. RMSNorm and the whole-row kernel ignore it.
+    * ``MAXNREG`` (int multiple of 8 in [16, 248] or None): register cap per thread handed to ptxas (Triton's
+      ``maxnreg`` compile option, ``.maxnreg`` in the PTX), e.g. 32 so that two 1024-thread programs fit per SM
+      (65536 registers). Values below what the kernel needs make ptxas spill to local memory (check ``ptxas -v``).
+
     Construction with a bad value (wrong type included) raises ValueError naming the constraint.
     """
 
@@ -158,6 +184,9 @@ class TilingConfig(TilingConfigBase):
     EVICT: str = "first"
     SPECIALIZE: bool = False
     STATS: bool = True
+    CONST_EPS: bool = False
+    LN_STATS: str = "twopass"
+    MAXNREG: int | None = None
 
     def __post_init__(self):
         for name, lo, hi in (("BLOCK_N", 16, _MAX_BLOCK_N), ("ROWS", 1, _MAX_ROWS), ("TILE_BYTES", 1024, 1 << 20),
@@ -170,11 +199,17 @@ class TilingConfig(TilingConfigBase):
                                  f"got {v!r}")
             if not (_is_pow2(v) and lo <= v <= hi):
                 raise ValueError(f"TilingConfig.{name}={v} must be a power of 2 in [{lo}, {hi}]")
-        for name in ("PERSISTENT", "REREAD", "SPECIALIZE", "STATS"):
+        for name in ("PERSISTENT", "REREAD", "SPECIALIZE", "STATS", "CONST_EPS"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TilingConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.EVICT, str) or self.EVICT not in _EVICT_POLICIES:
             raise ValueError(f"TilingConfig.EVICT must be one of {', '.join(_EVICT_POLICIES)}, got {self.EVICT!r}")
+        if not isinstance(self.LN_STATS, str) or self.LN_STATS not in _LN_STATS:
+            raise ValueError(f"TilingConfig.LN_STATS must be one of {', '.join(_LN_STATS)}, got {self.LN_STATS!r}")
+        if self.MAXNREG is not None and (not isinstance(self.MAXNREG, int) or isinstance(self.MAXNREG, bool)
+                                         or not 16 <= self.MAXNREG <= 248 or self.MAXNREG % 8):
+            raise ValueError(f"TilingConfig.MAXNREG must be None or a multiple of 8 in [16, 248] (registers per "
+                             f"thread), got {self.MAXNREG!r}")
 
 
 DEFAULT_CONFIG = TilingConfig()
@@ -289,10 +324,35 @@ def _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tile, M, N, eps,
 
 
 @triton.jit
+def _add_pair(a1, a2, b1, b2):
+    """Combine function of ``tl.reduce`` over the pair (S1, S2)."""
+    return a1 + b1, a2 + b2
+
+
+@triton.jit
+def _ln_reread(x_ptr, w_ptr, b_ptr, y_ptr, row_off, row_ok, mean, rstd, N, BLOCK_N: tl.constexpr,
+               HAS_W: tl.constexpr, HAS_B: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+               EVICT: tl.constexpr):
+    """Pass 2 of the looped LayerNorm: re-read each chunk (L2), normalize with the row's mean / rstd, store."""
+    for n0 in tl.range(0, N, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        offs = row_off[:, None] + cols[None, :]
+        mask = _tile_mask(row_ok, cmask, EVEN_M, EVEN_N)
+        x = _load_tile(x_ptr + offs, mask, EVEN_M and EVEN_N, EVICT)
+        y = (x - mean[:, None]) * rstd[:, None]
+        if HAS_W:
+            y = y * _load_vec(w_ptr + cols, cmask, EVEN_N)[None, :]
+        if HAS_B:
+            y = y + _load_vec(b_ptr + cols, cmask, EVEN_N)[None, :]
+        _store_tile(y_ptr + offs, y, mask, EVEN_M and EVEN_N)
+
+
+@triton.jit
 def _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
              BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOOPED: tl.constexpr, HAS_W: tl.constexpr,
              HAS_B: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, IDX64: tl.constexpr,
-             EVICT: tl.constexpr, STATS: tl.constexpr):
+             EVICT: tl.constexpr, STATS: tl.constexpr, SHIFTED: tl.constexpr):
     rows = tile * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     row_off = _row_offsets(rows, N, IDX64)
@@ -314,6 +374,33 @@ def _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
         if HAS_B:
             y = y + _load_vec(b_ptr + cols, cmask, EVEN_N)[None, :]
         _store_tile(y_ptr + offs, y, mask, EVEN_M and EVEN_N)
+    elif SHIFTED:
+        # pass 1: shifted sums of x - x[row, 0], elementwise in the loop, reduced once after it (no barrier per chunk)
+        if EVEN_M:
+            c = tl.load(x_ptr + row_off).to(tl.float32)
+        else:
+            c = tl.load(x_ptr + row_off, mask=row_ok, other=0.0).to(tl.float32)
+        s1 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        s2 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for n0 in tl.range(0, N, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            mask = _tile_mask(row_ok, cmask, EVEN_M, EVEN_N)
+            x = _load_tile(x_ptr + row_off[:, None] + cols[None, :], mask, EVEN_M and EVEN_N, "evict_last")
+            if EVEN_N:
+                d = x - c[:, None]
+            else:
+                d = tl.where(cmask[None, :], x - c[:, None], 0.0)
+            s1 += d
+            s2 += d * d
+        t1, t2 = tl.reduce((s1, s2), 1, _add_pair)  # one cross-thread reduction of both sums
+        dmean = t1 / N
+        var = t2 / N - dmean * dmean
+        var = tl.where(var < 0.0, 0.0, var)  # rounding; a NaN stays NaN
+        mean = c + dmean
+        rstd = tl.math.rsqrt(var + eps)
+        _ln_reread(x_ptr, w_ptr, b_ptr, y_ptr, row_off, row_ok, mean, rstd, N, BLOCK_N, HAS_W, HAS_B,
+                   EVEN_M, EVEN_N, EVICT)
     else:
         # pass 1: per-chunk (mean_b, M2_b) in registers, merged into (mean, M2) with Chan's update
         mean = tl.zeros([ROWS], dtype=tl.float32)
@@ -338,19 +425,8 @@ def _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
             mean = mean + delta * (n_b / n_ab)
             m2 = m2 + m2_b + delta * delta * (n_a * n_b / n_ab)
         rstd = tl.math.rsqrt(m2 / N + eps)
-        # pass 2: re-read (L2), normalize, store
-        for n0 in tl.range(0, N, BLOCK_N):
-            cols = n0 + tl.arange(0, BLOCK_N)
-            cmask = cols < N
-            offs = row_off[:, None] + cols[None, :]
-            mask = _tile_mask(row_ok, cmask, EVEN_M, EVEN_N)
-            x = _load_tile(x_ptr + offs, mask, EVEN_M and EVEN_N, EVICT)
-            y = (x - mean[:, None]) * rstd[:, None]
-            if HAS_W:
-                y = y * _load_vec(w_ptr + cols, cmask, EVEN_N)[None, :]
-            if HAS_B:
-                y = y + _load_vec(b_ptr + cols, cmask, EVEN_N)[None, :]
-            _store_tile(y_ptr + offs, y, mask, EVEN_M and EVEN_N)
+        _ln_reread(x_ptr, w_ptr, b_ptr, y_ptr, row_off, row_ok, mean, rstd, N, BLOCK_N, HAS_W, HAS_B,
+                   EVEN_M, EVEN_N, EVICT)
     if STATS:
         if EVEN_M:
             tl.store(mean_ptr + rows, mean)
@@ -366,7 +442,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, M_RT, N_DIV, eps, n_tiles,
                      HAS_W: tl.constexpr, PERSISTENT: tl.constexpr, M_C: tl.constexpr = 0,
                      N_C: tl.constexpr = 0, EVEN_M: tl.constexpr = False, EVEN_N: tl.constexpr = False,
                      IDX64: tl.constexpr = True, EVICT: tl.constexpr = "evict_first",
-                     STATS: tl.constexpr = True):
+                     STATS: tl.constexpr = True, EPS_C: tl.constexpr = 0.0):
     # M_C / N_C > 0 (SPECIALIZE): the shape is a compile-time constant, as in Inductor's dynamic=False kernels
     if N_C > 0:
         N: tl.constexpr = N_C
@@ -376,12 +452,16 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, M_RT, N_DIV, eps, n_tiles,
         M: tl.constexpr = M_C
     else:
         M = M_RT
+    if EPS_C > 0.0:  # CONST_EPS: eps folded in (fp32 constant, the same value as the runtime argument)
+        EPS: tl.constexpr = EPS_C
+    else:
+        EPS = eps
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-            _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tile, M, N, eps, BLOCK_N, ROWS, LOOPED, HAS_W,
+            _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tile, M, N, EPS, BLOCK_N, ROWS, LOOPED, HAS_W,
                       EVEN_M, EVEN_N, IDX64, EVICT, STATS)
     else:
-        _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tl.program_id(0), M, N, eps, BLOCK_N, ROWS, LOOPED, HAS_W,
+        _rms_tile(x_ptr, w_ptr, y_ptr, rstd_ptr, tl.program_id(0), M, N, EPS, BLOCK_N, ROWS, LOOPED, HAS_W,
                   EVEN_M, EVEN_N, IDX64, EVICT, STATS)
 
 
@@ -391,7 +471,7 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M_RT, N_D
                        HAS_W: tl.constexpr, HAS_B: tl.constexpr, PERSISTENT: tl.constexpr, M_C: tl.constexpr = 0,
                        N_C: tl.constexpr = 0, EVEN_M: tl.constexpr = False, EVEN_N: tl.constexpr = False,
                        IDX64: tl.constexpr = True, EVICT: tl.constexpr = "evict_first",
-                       STATS: tl.constexpr = True):
+                       STATS: tl.constexpr = True, EPS_C: tl.constexpr = 0.0, SHIFTED: tl.constexpr = False):
     if N_C > 0:
         N: tl.constexpr = N_C
     else:
@@ -400,13 +480,17 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M_RT, N_D
         M: tl.constexpr = M_C
     else:
         M = M_RT
+    if EPS_C > 0.0:  # CONST_EPS: eps folded in (fp32 constant, the same value as the runtime argument)
+        EPS: tl.constexpr = EPS_C
+    else:
+        EPS = eps
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-            _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, eps,
-                     BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B, EVEN_M, EVEN_N, IDX64, EVICT, STATS)
+            _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tile, M, N, EPS,
+                     BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B, EVEN_M, EVEN_N, IDX64, EVICT, STATS, SHIFTED)
     else:
-        _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.program_id(0), M, N, eps,
-                 BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B, EVEN_M, EVEN_N, IDX64, EVICT, STATS)
+        _ln_tile(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.program_id(0), M, N, EPS,
+                 BLOCK_N, ROWS, LOOPED, HAS_W, HAS_B, EVEN_M, EVEN_N, IDX64, EVICT, STATS, SHIFTED)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -432,7 +516,8 @@ def launch_params(M: int, N: int, dtype: torch.dtype, config=None, *, num_sms: i
     ``BLOCK_N``, ``ROWS``, ``num_warps``, ``LOOPED``, ``ALIGN`` (largest power of two <= 16 dividing N),
     ``PERSISTENT``, ``n_tiles``, ``grid``, the shape specialization ``EVEN_M`` / ``EVEN_N`` (mask-free rows /
     columns) and ``IDX64`` (int64 row offsets; always True without ``SPECIALIZE``), ``EVICT`` (Triton's
-    eviction_policy string) and ``STATS``. Pure host arithmetic (no triton call); the rules are in the
+    eviction_policy string), ``STATS``, ``CONST_EPS``, ``SHIFTED`` (``LN_STATS == "shifted"``; LayerNorm's looped
+    kernel only) and ``MAXNREG``. Pure host arithmetic (no triton call); the rules are in the
     ``TilingConfig`` docstring. Raises the ``TilingConfig`` errors."""
     cfg = _as_config(config)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -462,7 +547,8 @@ def launch_params(M: int, N: int, dtype: torch.dtype, config=None, *, num_sms: i
     idx64 = not spec or n_tiles * rows * N >= 2**31
     return dict(BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, LOOPED=looped, ALIGN=align,
                 PERSISTENT=cfg.PERSISTENT, n_tiles=n_tiles, grid=(programs,), SPECIALIZE=spec, EVEN_M=even_m,
-                EVEN_N=even_n, IDX64=idx64, EVICT=_EVICT_POLICIES[cfg.EVICT], STATS=cfg.STATS)
+                EVEN_N=even_n, IDX64=idx64, EVICT=_EVICT_POLICIES[cfg.EVICT], STATS=cfg.STATS,
+                CONST_EPS=cfg.CONST_EPS, SHIFTED=cfg.LN_STATS == "shifted", MAXNREG=cfg.MAXNREG)
 
 
 def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
@@ -494,6 +580,13 @@ def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
         meta["EVICT"] = p["EVICT"]
     if not p["STATS"]:
         meta["STATS"] = False
+    if p["CONST_EPS"]:
+        if not _FP32_TINY <= eps <= _FP32_MAX:  # Triton types a float constant outside this range as fp64
+            raise ValueError(f"CONST_EPS needs eps in the normal fp32 range [{_FP32_TINY}, {_FP32_MAX:.4g}], "
+                             f"got {eps!r}")
+        meta["EPS_C"] = eps  # > 0 (check_eps): 0.0 is the kernel's "runtime eps" sentinel
+    if p["MAXNREG"] is not None:
+        meta["maxnreg"] = p["MAXNREG"]  # Triton compile option (NVIDIA): .maxnreg in the PTX
     scalars = (M, N // p["ALIGN"], eps, p["n_tiles"])
     rstd_arg = rstd if rstd is not None else y
     if op == "rms_norm":
@@ -502,6 +595,8 @@ def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
         mean_arg = mean if mean is not None else y
         kernel, args = _layer_norm_kernel, (x, w, b, y, mean_arg, rstd_arg, *scalars)
         meta["HAS_B"] = bias is not None
+        if p["SHIFTED"]:
+            meta["SHIFTED"] = True
     return kernel, args, p["grid"], meta, (y, mean, rstd)
 
 

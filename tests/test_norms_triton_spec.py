@@ -10,6 +10,11 @@ L2 eviction hint of the last read of x) and ``STATS`` (False: y only, as the tor
    ``createpolicy`` with ``EVICT=none``, only 16-byte accesses of x / y, no statistics store with ``STATS=False``, and
    fewer PTX instructions than the unspecialized kernel; every YAML entry using the new options compiles.
 3. Config validation and ``launch_params`` rules of the new fields.
+
+v3 options: ``CONST_EPS`` (eps compiled in: bit-identical, exactly one PTX instruction less, Inductor's count),
+``MAXNREG`` (``.maxnreg`` in the PTX, ptxas keeps to it) and ``LN_STATS="shifted"`` (one-pass shifted sums in the
+looped LayerNorm: correct against the reference also for rows shifted by 1000 standard deviations, 32 registers at
+262144 x 32768 where the two-pass re-read kernel needs more, i.e. two 1024-thread programs per SM).
 """
 
 from __future__ import annotations
@@ -42,7 +47,11 @@ OPTS = [  # (label, options added to the base config)
     ("spec-nostats-noevict", {"SPECIALIZE": True, "STATS": False, "EVICT": "none"}),
     ("evict-last", {"EVICT": "last"}),
     ("nostats", {"STATS": False}),
+    ("spec-eps", {"SPECIALIZE": True, "CONST_EPS": True, "STATS": False}),
+    ("eps-maxnreg", {"CONST_EPS": True, "MAXNREG": 32}),  # the interpreter ignores maxnreg
 ]
+SHIFT_OPTS = [("shifted", {"LN_STATS": "shifted"}),
+              ("spec-shifted", {"LN_STATS": "shifted", "SPECIALIZE": True, "CONST_EPS": True})]
 BASES = [  # (label, M, N, base config): mask-free and masked shapes of each kernel
     ("row-even", 64, 512, {"TILE_BYTES": 2048, "num_warps": 1}),
     ("row-even-1024", 8, 1024, {"ROWS": 4, "num_warps": 4}),
@@ -76,7 +85,31 @@ for dtype in ("fp32", "fp16"):
                                      same_y=bool(torch.equal(out[0], plain[0])),
                                      same_stats=all(bool(torch.equal(a, b)) for a, b in zip(out[1:], plain[1:])),
                                      even_m=p["EVEN_M"], even_n=p["EVEN_N"], idx64=p["IDX64"], looped=p["LOOPED"]))
-print(json.dumps(rows))
+# LN_STATS shifted: other arithmetic (not bit-identical for the looped LayerNorm), checked against the reference,
+# also with rows shifted by 1000 (E[x^2] - mean^2 would lose the variance there)
+shift_rows = []
+for blabel, M, N, base in BASES:
+    for mean_shift in (3.0, 1000.0):
+        inp = T.make_inputs(M, N, dtype="fp32", affine=True, seed=M + N, mean_shift=mean_shift)
+        for variant in ("rmsnorm", "layernorm"):
+            for olabel, opts in SHIFT_OPTS:
+                cfg = {**base, **opts}
+                if variant == "rmsnorm":
+                    out, plain = (kn.rms_norm(inp["x"], inp["weight"], eps=EPS, config=c) for c in (cfg, base))
+                else:
+                    out, plain = (kn.layer_norm(inp["x"], inp["weight"], inp["bias"], eps=EPS, config=c)
+                                  for c in (cfg, base))
+                r = T.check("norm", out, inp, EPS, variant=variant)
+                shift_rows.append(dict(base=blabel, opts=olabel, variant=variant, shift=mean_shift, ok=bool(r["ok"]),
+                                       same_y=bool(torch.equal(out[0], plain[0])),
+                                       looped=kn.launch_params(M, N, inp["x"].dtype, cfg, num_sms=1)["LOOPED"]))
+eps_errors = []
+for bad_eps in (1e-300, 1e39):
+    try:
+        kn.rms_norm(torch.ones(2, 16), eps=bad_eps, config={"CONST_EPS": True})
+    except ValueError as e:
+        eps_errors.append(str(e))
+print(json.dumps(dict(rows=rows, shift=shift_rows, eps_errors=eps_errors)))
 """
 
 
@@ -85,8 +118,20 @@ def interp():
     return run_python_json(_INTERP_SCRIPT, env={"TRITON_INTERPRET": "1"})
 
 
+def test_interpreter_shifted_ln_stats(interp):
+    rows = interp["shift"]
+    assert len(rows) == 9 * 2 * 2 * 2
+    bad = [r for r in rows if not r["ok"]]
+    assert not bad, json.dumps(bad[:10], indent=1)
+    # RMSNorm and the whole-row kernels ignore LN_STATS (bit-identical); the looped LayerNorm takes the new path
+    assert all(r["same_y"] for r in rows if r["variant"] == "rmsnorm" or not r["looped"])
+    assert any(not r["same_y"] for r in rows if r["variant"] == "layernorm" and r["looped"])
+    assert len(interp["eps_errors"]) == 2 and all("CONST_EPS" in e for e in interp["eps_errors"])
+
+
 def test_interpreter_options_correct_and_identical(interp):
-    assert len(interp) == 2 * 9 * 2 * 2 * 4
+    interp = interp["rows"]
+    assert len(interp) == 2 * 9 * 2 * 2 * 6
     bad = [r for r in interp if not (r["ok"] and r["same_y"] and r["same_stats"] and r["n_out"] == r["want_n_out"])]
     assert not bad, json.dumps(bad[:10], indent=1)
     # the cases reach both paths: mask-free (both EVEN) and masked, whole-row and looped, int32 offsets
@@ -129,11 +174,42 @@ CASES = [  # (label, M, N, config)
     ("reread-16ept-spec", 262144, 32768, {"ROWS": 1, "THREAD_ELEMS": 16, "REREAD": True, "SPECIALIZE": True,
                                           "STATS": False}),
 ]
+EPS_C = {"CONST_EPS": True}
+SHIFT = {"ROWS": 1, "THREAD_ELEMS": 16, "REREAD": True, "SPECIALIZE": True, "STATS": False, "LN_STATS": "shifted"}
+CASES += [
+    ("per-w1-spec-eps", 262144, 512, {**PER_W1, **SPEC, **EPS_C}),
+    ("per-w1-spec-eps", 4096, 1024, {**PER_W1, **SPEC, **EPS_C}),
+    ("reread-16ept-spec-eps", 262144, 8192, {"ROWS": 1, "THREAD_ELEMS": 16, "REREAD": True, "SPECIALIZE": True,
+                                             "STATS": False, **EPS_C}),
+    ("reread-16ept-spec-shift", 262144, 32768, {**SHIFT, **EPS_C}),
+    ("loop-2048-spec-shift", 262144, 16384, {"BLOCK_N": 2048, "ROWS": 1, "num_warps": 16, "SPECIALIZE": True,
+                                             "STATS": False, "LN_STATS": "shifted", **EPS_C}),
+    ("reread-16ept-spec-nreg32", 262144, 32768, {"ROWS": 1, "THREAD_ELEMS": 16, "REREAD": True, "SPECIALIZE": True,
+                                                 "STATS": False, "MAXNREG": 32}),
+]
+
+def ptxas(k):
+    import re, subprocess, tempfile
+    from pathlib import Path
+    from triton.backends.nvidia.compiler import get_ptxas
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(k.asm["ptx"])
+        proc = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return dict(regs=int(re.search(r"Used (\d+) registers", log).group(1)),
+                spill=int(spill.group(1)) + int(spill.group(2)))
+
 out = []
 for op in ("rms_norm", "layer_norm"):
     for label, M, N, cfg in CASES:
         k = compile_sm90_kernel(op, torch.empty(M, N, dtype=torch.bfloat16), config=cfg)
-        out.append(dict(op=op, label=label, M=M, N=N, **count(k.asm["ptx"])))
+        regs = ptxas(k) if N == 32768 or label.endswith("shift") else {}
+        out.append(dict(op=op, label=label, M=M, N=N, maxnreg=".maxnreg 32" in k.asm["ptx"], **regs,
+                        **count(k.asm["ptx"])))
 # every shipped Triton entry with the new options compiles at the narrow and wide benchmark N (affine too)
 entries = [e for e in yaml.safe_load(open("configs/tiling/norms_h200.yaml"))["triton"]
            if {"SPECIALIZE", "EVICT", "STATS"} & set(e)]
@@ -177,11 +253,38 @@ def test_compile_spec_matches_inductor_codegen(compiled, op):
     assert r["ld16"] == r["ld"] and r["instr"] < p["instr"], (r, p)
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_compile_const_eps_is_inductors_ptx(compiled, op):
+    # eps compiled in removes the one instruction our PTX had beyond Inductor's (its parameter load)
+    for label, N in (("per-w1-spec", 512), ("per-w1-spec", 1024), ("reread-16ept-spec", 8192)):
+        spec, eps = _case(compiled, op, label, N), _case(compiled, op, label + "-eps", N)
+        assert eps["instr"] == spec["instr"] - 1, (eps, spec)
+        assert eps["pred_ldst"] == 0 and eps["ld"] == eps["ld16"], eps
+    inductor = {"rms_norm": 209, "layer_norm": 293}[op]  # results/inductor_norms/20261201_h200, 262144 x 512
+    assert _case(compiled, op, "per-w1-spec-eps", 512)["instr"] == inductor
+
+
+def test_compile_registers_ln_32768(compiled):
+    twopass = _case(compiled, "layer_norm", "reread-16ept-spec", 32768)
+    shifted = _case(compiled, "layer_norm", "reread-16ept-spec-shift", 32768)
+    # two 1024-thread programs per SM need <= 32 registers: the shifted one-pass statistics fit, the two-pass do not
+    assert twopass["regs"] > 32 and shifted["regs"] <= 32 and shifted["spill"] == 0, (twopass, shifted)
+    assert shifted["pred_ldst"] == 0 and shifted["ld"] == shifted["ld16"] + 1, shifted  # + the shift x[row, 0]
+    loop = _case(compiled, "layer_norm", "loop-2048-spec-shift", 16384)
+    assert loop["regs"] <= 32 and loop["spill"] == 0 and loop["pred_ldst"] == 0, loop
+    # MAXNREG reaches ptxas (.maxnreg): the two-pass kernel is held to 32 registers, at the price of spills
+    capped = _case(compiled, "layer_norm", "reread-16ept-spec-nreg32", 32768)
+    assert capped["maxnreg"] and capped["regs"] <= 32 and not twopass["maxnreg"], capped
+    # RMSNorm at 32768 already fits in 32 (Inductor's kernel shape)
+    assert _case(compiled, "rms_norm", "reread-16ept-spec", 32768)["regs"] <= 32
+
+
 def test_compile_yaml_entries(compiled):
     from normfuse.compile_only import SMEM_LIMIT_BYTES
 
     names = {r["name"] for r in compiled["yaml"]}
-    assert {"per-w1-spec", "per-w1-spec-stats", "reread-16ept-spec", "loop-2048-r1-w16-spec"} <= names
+    assert {"per-w1-spec", "per-w1-spec-stats", "reread-16ept-spec", "loop-2048-r1-w16-spec", "per-w1-spec-eps",
+            "r4-w4-spec-eps", "reread-16ept-spec-shift", "loop-2048-r1-w16-spec-shift"} <= names
     assert all(r["shared"] <= SMEM_LIMIT_BYTES for r in compiled["yaml"])
 
 
@@ -191,6 +294,13 @@ def test_config_validation_new_fields():
         with pytest.raises(ValueError):
             TilingConfig.from_dict(bad)
     c = TilingConfig.from_dict({"EVICT": "none", "SPECIALIZE": True, "STATS": False})
+    assert TilingConfig.from_dict(c.to_dict()) == c
+    assert not TilingConfig().CONST_EPS and TilingConfig().LN_STATS == "twopass" and TilingConfig().MAXNREG is None
+    for bad in ({"CONST_EPS": 1}, {"LN_STATS": "welford"}, {"LN_STATS": None}, {"MAXNREG": 12}, {"MAXNREG": 33},
+                {"MAXNREG": 256}, {"MAXNREG": True}, {"MAXNREG": 32.0}):
+        with pytest.raises(ValueError):
+            TilingConfig.from_dict(bad)
+    c = TilingConfig.from_dict({"CONST_EPS": True, "LN_STATS": "shifted", "MAXNREG": 32})
     assert TilingConfig.from_dict(c.to_dict()) == c
 
 
@@ -209,3 +319,7 @@ def test_launch_params_new_fields():
     assert p["LOOPED"] and p["EVEN_N"]
     assert not launch_params(64, 16392, bf16, {"SPECIALIZE": True, "BLOCK_N": 2048})["EVEN_N"]
     assert launch_params(4, 8192, bf16, {"EVICT": "last"})["EVICT"] == "evict_last"
+    p = launch_params(4, 8192, bf16, {"CONST_EPS": True, "LN_STATS": "shifted", "MAXNREG": 32})
+    assert (p["CONST_EPS"], p["SHIFTED"], p["MAXNREG"]) == (True, True, 32)
+    p = launch_params(4, 8192, bf16, None)
+    assert (p["CONST_EPS"], p["SHIFTED"], p["MAXNREG"]) == (False, False, None)
