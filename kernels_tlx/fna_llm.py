@@ -43,6 +43,17 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
   the longest KV prefix) of every (batch, head) of the launch are dispatched first (longest-processing-time first,
   for the tail of the grid); non-causal launches keep the natural order (Q tiles of one head next to each other,
   sharing K/V in L2).
+* **Persistent grid** (``PERSISTENT``): one launch of min(#SMs, work tiles) CTAs for any B·Hq (no batch slices);
+  CTA p walks the work tiles (Q tile, batch x head) p, p + G, p + 2G, ... of one static order (causal: heaviest
+  first, the ``LPT`` order, always; non-causal: the Q tiles of one head next to each other). The producer builds
+  three descriptors over the whole tensors once (``[B·Hq or B·Hkv, S, D]``, block ``[1, rows, D]``: TMA clips
+  each dimension, so rows past S read as zeros and never the next head's; no descriptor is rebuilt while loads
+  through it are in flight) and loads each tile's Q into one of two Q buffers (``q_fulls`` / ``q_empties`` per
+  buffer and warpgroup, phases from the CTA's tile counter), so the next tile's Q and its first K/V tiles land
+  while the consumers still run this tile's last steps and epilogue; the K/V ring's counters run on across tiles,
+  and the ping-pong turn too (bootstrapped once). A consumer warpgroup releases its Q buffer once its last QKᵀ is
+  done; the output store stays the masked pointer store. Shared memory: two Q buffers + the ring (192 KiB at
+  D = 128, BLOCK_N = 128, NUM_BUFFERS = 2; ValueError when it exceeds 227 KiB). K_NORM = "inloop" not supported.
 
 The K norm (``TilingConfig.K_NORM``; the math ``<rmsnorm(q_i)·γq, rmsnorm(k_j)·γk> = rstd_q,i · rstd_k,j ·
 Σ_d (q_i,d γq_d γk_d) k_j,d`` is the same for the first two):
@@ -77,9 +88,7 @@ What TLX could express: all three forms; the prepass form keeps the FA3-style pi
 → shared memory → wgmma) and adds one ``[BLOCK_N]`` fp32 load and a column scale per tile; the materialize form's
 KV loop is the plain attention's. What it could not (or
 this module does not): a normalized K tile shared by the CTAs of one launch (hence the pre-pass, one extra read
-of K: ~0.1-1% of the attention time at the benchmark shapes); a persistent grid (FA3 / the ``_persistent``
-tutorial: the next tile's descriptors and Q load behind the current tile's loop; the per-head device-side
-descriptors would then be rebuilt while TMA loads through them may be in flight); ``BLOCK_N = 176`` (FA3's
+of K: ~0.1-1% of the attention time at the benchmark shapes); ``BLOCK_N = 176`` (FA3's
 non-causal hdim-128 tile: Triton tensors are powers of two); a TMA load of the rstd_k vector by the producer (a
 1-D descriptor needs 16-byte aligned row strides, i.e. S padded to a multiple of 4).
 fp16/bf16 only (wgmma); nothing TLX runs on the CPU, so the CPU check is the sm_90a compile (wgmma, TMA, mbarrier,
@@ -128,8 +137,10 @@ class TilingConfig(TilingConfigBase):
     ``attention``), the FlashAttention-3 options (module docstring; all off by default): ``PIPELINE``
     (intra-warpgroup overlap of the softmax with the next QKᵀ and the previous PV; not with ``"inloop"``),
     ``PINGPONG_PV`` (needs ``PIPELINE`` and ``PINGPONG``: the ordered region covers the PV issue too), ``LPT``
-    (causal: heaviest Q tiles dispatched first), ``WARP_ARRIVE`` (per-thread K/V buffer releases). Raises
-    ValueError naming the violated constraint."""
+    (causal: heaviest Q tiles dispatched first), ``WARP_ARRIVE`` (per-thread K/V buffer releases),
+    ``PERSISTENT`` (a grid of min(#SMs, work tiles) CTAs, each walking a static list of (Q tile, batch x head)
+    work tiles with the next tile's Q prefetched into a second Q buffer; causal: heaviest first, so ``LPT`` is
+    implied; K_NORM prepass or materialize). Raises ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 128
@@ -140,6 +151,7 @@ class TilingConfig(TilingConfigBase):
     PINGPONG_PV: bool = False
     LPT: bool = False
     WARP_ARRIVE: bool = False
+    PERSISTENT: bool = False
 
     def __post_init__(self):
         if self.BLOCK_M != 128:
@@ -152,7 +164,7 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"PINGPONG must be a bool, got {self.PINGPONG!r}")
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
-        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE"):
+        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.PINGPONG_PV and not (self.PIPELINE and self.PINGPONG):
@@ -161,6 +173,9 @@ class TilingConfig(TilingConfigBase):
         if self.PIPELINE and self.K_NORM == "inloop":
             raise ValueError("PIPELINE supports K_NORM prepass or materialize, not inloop (the in-loop K norm stays "
                              "on the non-pipelined path)")
+        if self.PERSISTENT and self.K_NORM == "inloop":
+            raise ValueError("PERSISTENT supports K_NORM prepass or materialize, not inloop (the in-loop K norm stays "
+                             "on the one-tile-per-CTA grid)")
 
 
 @triton.jit
@@ -192,44 +207,71 @@ def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, ro
 
 
 @triton.jit
-def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale,
+def _persistent_tile(tile, num_m, BH, S, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """``PERSISTENT``: work tile index (0 .. num_m·BH - 1, one order every CTA agrees on) -> ``(start_m, bh, hkv,
+    hi)``: causal: heaviest Q tiles first across all (batch, head) of the launch (``tile // BH`` counts down from
+    the last Q tile, the longest KV prefix); non-causal: the Q tiles of one head next to each other (sharing K/V in
+    L2). ``hi``: end of the tile's KV range (keys)."""
+    if CAUSAL:
+        start_m = num_m - 1 - tile // BH
+        bh = tile % BH
+        hi = tl.minimum((start_m + 1) * BLOCK_M, S)
+    else:
+        start_m = tile % num_m
+        bh = tile // num_m
+        hi = S
+    return start_m, bh, bh // GROUP, hi  # bh = b·Hq + h -> b·Hkv + h // GROUP (Hq = Hkv·GROUP)
+
+
+@triton.jit
+def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale, BH,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        NUM_BUFFERS: tl.constexpr, NUM_MMA_GROUPS: tl.constexpr, CAUSAL: tl.constexpr,
                        NORM_QK: tl.constexpr, K_PREPASS: tl.constexpr, NORM_O: tl.constexpr,
                        PINGPONG: tl.constexpr, CONSUMER_REGS: tl.constexpr, K_MATERIALIZED: tl.constexpr,
                        PIPELINE: tl.constexpr = False, PINGPONG_PV: tl.constexpr = False,
-                       LPT: tl.constexpr = False, WARP_ARRIVE: tl.constexpr = False):
+                       LPT: tl.constexpr = False, WARP_ARRIVE: tl.constexpr = False,
+                       PERSISTENT: tl.constexpr = False):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale
+    # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
     COL_SCALE: tl.constexpr = NORM_QK and not K_MATERIALIZED  # scale S's columns by rstd_k (prepass / inloop)
     D_CHUNK: tl.constexpr = 32
+    NUM_Q_BUFFERS: tl.constexpr = 2 if PERSISTENT else 1  # PERSISTENT: the next tile's Q loads during this tile
     dtype = Q.dtype.element_ty
-    if LPT and CAUSAL:  # heaviest Q tiles (the last ones: the longest KV prefix) first, across all (batch, head)
-        num_m = tl.num_programs(0)
-        num_bh = tl.num_programs(1)
-        lin = tl.program_id(1).to(tl.int64) * num_m + tl.program_id(0)  # the order in which CTAs are dispatched
-        start_m = (num_m - 1 - lin // num_bh).to(tl.int32)
-        bh = (lin % num_bh).to(tl.int32)
-    else:
-        start_m = tl.program_id(0)
-        bh = tl.program_id(1)
-    b = bh // HQ
-    h = bh % HQ
-    hkv = b * (HQ // GROUP) + h // GROUP
-    q_off = bh.to(tl.int64) * S * HEAD_DIM
-    kv_off = hkv.to(tl.int64) * S * HEAD_DIM
-    rstd_base = RSTD_K + hkv.to(tl.int64) * S  # [B * Hkv, S] fp32 (K_PREPASS only)
-    if CAUSAL:
-        hi = (start_m + 1) * BLOCK_M
-        if hi > S:
+    if PERSISTENT:  # CTA p walks the work tiles p, p + G, p + 2G, ... (G = grid size)
+        num_m = tl.cdiv(S, BLOCK_M)
+        first_tile = tl.program_id(0)
+        n_iter = tl.cdiv(num_m * BH - first_tile, tl.num_programs(0))
+    else:  # one work tile per CTA: the tile loops below are a static range of one (no loop in the IR)
+        if LPT and CAUSAL:  # heaviest Q tiles (the last ones: the longest KV prefix) first, across all (batch, head)
+            num_m = tl.num_programs(0)
+            num_bh = tl.num_programs(1)
+            lin = tl.program_id(1).to(tl.int64) * num_m + tl.program_id(0)  # the order in which CTAs are dispatched
+            start_m = (num_m - 1 - lin // num_bh).to(tl.int32)
+            bh = (lin % num_bh).to(tl.int32)
+        else:
+            start_m = tl.program_id(0)
+            bh = tl.program_id(1)
+        b = bh // HQ
+        h = bh % HQ
+        hkv = b * (HQ // GROUP) + h // GROUP
+        q_off = bh.to(tl.int64) * S * HEAD_DIM
+        kv_off = hkv.to(tl.int64) * S * HEAD_DIM
+        rstd_base = RSTD_K + hkv.to(tl.int64) * S  # [B * Hkv, S] fp32 (K_PREPASS only)
+        if CAUSAL:
+            hi = (start_m + 1) * BLOCK_M
+            if hi > S:
+                hi = S
+        else:
             hi = S
-    else:
-        hi = S
 
-    q_tiles = tlx.local_alloc((BLOCK_M_SPLIT, HEAD_DIM), dtype, NUM_MMA_GROUPS)
+    q_tiles = tlx.local_alloc((BLOCK_M_SPLIT, HEAD_DIM), dtype, NUM_MMA_GROUPS * NUM_Q_BUFFERS)
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS)
     v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS)
-    q_fulls = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS, arrive_count=1)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS * NUM_Q_BUFFERS, arrive_count=1)
+    if PERSISTENT:  # Q buffer (q buffer, warpgroup) released by its consumer warpgroup once its last QKᵀ is done
+        q_empties = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS * NUM_Q_BUFFERS, arrive_count=1)
     # empties: WARP_ARRIVE: every consumer thread arrives on its own (no warpgroup bar.sync before each release);
     # otherwise one elected thread per consumer warpgroup arrives, after a warpgroup barrier
     if WARP_ARRIVE:
@@ -245,139 +287,114 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads
-            desc_q = tl.make_tensor_descriptor(Q + q_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                               block_shape=[BLOCK_M_SPLIT, HEAD_DIM])
-            desc_k = tl.make_tensor_descriptor(K + kv_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                               block_shape=[BLOCK_N, HEAD_DIM])
-            desc_v = tl.make_tensor_descriptor(V + kv_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                               block_shape=[BLOCK_N, HEAD_DIM])
-            for cid in tl.static_range(0, NUM_MMA_GROUPS):
-                tlx.barrier_expect_bytes(q_fulls[cid], 2 * BLOCK_M_SPLIT * HEAD_DIM)
-                tlx.async_descriptor_load(desc_q, q_tiles[cid], [start_m * BLOCK_M + cid * BLOCK_M_SPLIT, 0],
-                                          q_fulls[cid])
-            kv_phase = 0
+            if PERSISTENT:  # descriptors over the whole tensors, built once per CTA: [B·Hq or B·Hkv, S, D], block
+                # [1, rows, D]; TMA clips every dimension, so rows past S read as zeros, never the next head's
+                desc_q = tl.make_tensor_descriptor(Q, shape=[BH, S, HEAD_DIM], strides=[S * HEAD_DIM, HEAD_DIM, 1],
+                                                   block_shape=[1, BLOCK_M_SPLIT, HEAD_DIM])
+                desc_k = tl.make_tensor_descriptor(K, shape=[BH // GROUP, S, HEAD_DIM],
+                                                   strides=[S * HEAD_DIM, HEAD_DIM, 1],
+                                                   block_shape=[1, BLOCK_N, HEAD_DIM])
+                desc_v = tl.make_tensor_descriptor(V, shape=[BH // GROUP, S, HEAD_DIM],
+                                                   strides=[S * HEAD_DIM, HEAD_DIM, 1],
+                                                   block_shape=[1, BLOCK_N, HEAD_DIM])
+                tile = first_tile
+            kv_phase = 0  # the K/V ring's counters run on across the work tiles (never reset per tile)
             cnt = 0
-            for start_n in tl.range(0, hi, BLOCK_N):
-                buf = cnt % NUM_BUFFERS
-                kv_phase = kv_phase ^ (buf == 0)
-                tlx.barrier_wait(k_empties[buf], kv_phase)
-                tlx.barrier_expect_bytes(k_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
-                tlx.async_descriptor_load(desc_k, k_tiles[buf], [start_n, 0], k_fulls[buf])
-                tlx.barrier_wait(v_empties[buf], kv_phase)
-                tlx.barrier_expect_bytes(v_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
-                tlx.async_descriptor_load(desc_v, v_tiles[buf], [start_n, 0], v_fulls[buf])
-                cnt += 1
-
-        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_MMA_GROUPS):  # consumers
-            cid: tl.constexpr = tlx.async_task_replica_id()
-            row0 = start_m * BLOCK_M + cid * BLOCK_M_SPLIT
-            offs_m = row0 + tl.arange(0, BLOCK_M_SPLIT)
-            offs_d = tl.arange(0, HEAD_DIM)
-            tlx.barrier_wait(q_fulls[cid], 0)
-            if PIPELINE and not NORM_QK:  # the QKᵀ A operand straight from the TMA-loaded buffer (SS wgmma)
-                q = q_tiles[cid]
-            else:
-                qf = tlx.local_load(q_tiles[cid]).to(tl.float32)
-                if K_MATERIALIZED:  # once per Q tile; K arrives normalized (k_n, γk included): γq only
-                    qw = tl.load(QW + offs_d).to(tl.float32)
-                    qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * qw[None, :]
-                elif NORM_QK:  # once per Q tile; k_weight folded into Q (the K rows' rstd scales S's columns)
-                    qw = tl.load(QW + offs_d).to(tl.float32)
-                    kw = tl.load(KW + offs_d).to(tl.float32)
-                    qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * (qw * kw)[None, :]
-                q = qf.to(dtype)
-                if PIPELINE:  # normalized Q written back over the raw tile: the wgmma reads it from shared memory
-                    # (frees its 32 registers per thread for the pipeline); the warpgroup barriers: every thread has
-                    # read the raw tile before any overwrites it, and every thread's rows are stored before the wgmma
-                    tlx.named_barrier_wait(Q_READY_BARRIER + cid, 128)
-                    tlx.local_store(q_tiles[cid], q)
-                    tlx.fence("async_shared")  # generic-proxy stores -> async-proxy (wgmma) reads
-                    tlx.named_barrier_wait(Q_READY_BARRIER + cid, 128)
-                    q = q_tiles[cid]
-            m_i = tl.full([BLOCK_M_SPLIT], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_M_SPLIT, HEAD_DIM], dtype=tl.float32)
-            if PINGPONG:
-                if cid == 1:
-                    tlx.named_barrier_arrive(9, 256)
-            if PIPELINE:  # FA3 intra-warpgroup overlap: QKᵀ of tile j+1 and PV of tile j in flight during softmax
-                # tile 0: QKᵀ only (its PV is issued in the next iteration, or after the loop)
-                offs_n = tl.arange(0, BLOCK_N)
-                if K_PREPASS:
-                    rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
-                tlx.barrier_wait(k_fulls[0], 0)
-                if PINGPONG:
-                    if cid == 0:
-                        tlx.named_barrier_wait(9, 256)
-                    else:
-                        tlx.named_barrier_wait(10, 256)
-                qk = tlx.async_dot(q, tlx.local_trans(k_tiles[0]))
-                if PINGPONG:
-                    if cid == 0:
-                        tlx.named_barrier_arrive(10, 256)
-                    else:
-                        tlx.named_barrier_arrive(9, 256)
-                col_scale = qk_scale
-                if K_PREPASS:
-                    col_scale = rstd_k * qk_scale
-                qk = tlx.async_dot_wait(0, qk)
-                tlx.barrier_arrive(k_empties[0], 1)
-                p, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, 0, row0, S,
-                                                   BLOCK_N, CAUSAL, COL_SCALE)  # acc = 0: no rescale
-                p = p.to(dtype)  # the loop carries P in the input dtype (32 registers per thread, not 64)
-                cnt = 1
-                for start_n in tl.range(BLOCK_N, hi, BLOCK_N):
-                    buf = cnt % NUM_BUFFERS
-                    phase = (cnt // NUM_BUFFERS) & 1
-                    pbuf = (cnt - 1) % NUM_BUFFERS  # the previous tile's V buffer
-                    pphase = ((cnt - 1) // NUM_BUFFERS) & 1
-                    offs_n = start_n + tl.arange(0, BLOCK_N)
-                    tlx.barrier_wait(k_fulls[buf], phase)
-                    if PINGPONG:
-                        if cid == 0:
-                            tlx.named_barrier_wait(9, 256)
-                        else:
-                            tlx.named_barrier_wait(10, 256)
-                    qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
-                    if PINGPONG and not PINGPONG_PV:
-                        if cid == 0:
-                            tlx.named_barrier_arrive(10, 256)
-                        else:
-                            tlx.named_barrier_arrive(9, 256)
-                    tlx.barrier_wait(v_fulls[pbuf], pphase)
-                    acc = tlx.async_dot(p, v_tiles[pbuf], acc)
-                    if PINGPONG_PV:  # FA3: both GEMMs of this step issued inside the ordered region
-                        if cid == 0:
-                            tlx.named_barrier_arrive(10, 256)
-                        else:
-                            tlx.named_barrier_arrive(9, 256)
-                    if K_PREPASS:  # issued after both GEMMs: its latency hides behind them (and it holds no
-                        # registers across the issue)
-                        col_scale = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0) * qk_scale
-                    qk = tlx.async_dot_wait(1, qk)  # this tile's QKᵀ done; the previous PV may still run
-                    tlx.barrier_arrive(k_empties[buf], 1)
-                    p_new, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n,
-                                                           start_n, row0, S, BLOCK_N, CAUSAL, COL_SCALE)
-                    acc = tlx.async_dot_wait(0, acc)
-                    tlx.barrier_arrive(v_empties[pbuf], 1)
-                    acc = acc * alpha[:, None]
-                    p = p_new.to(dtype)  # after the PV wait: the previous P's registers are free again
-                    cnt += 1
-                pbuf = (cnt - 1) % NUM_BUFFERS  # the last tile's PV
-                tlx.barrier_wait(v_fulls[pbuf], ((cnt - 1) // NUM_BUFFERS) & 1)
-                acc = tlx.async_dot(p, v_tiles[pbuf], acc)
-                acc = tlx.async_dot_wait(0, acc)
-                tlx.barrier_arrive(v_empties[pbuf], 1)
-            else:
-                kv_phase = 1
-                cnt = 0
+            for it in (tl.range if PERSISTENT else tl.static_range)(0, n_iter if PERSISTENT else 1):
+                if PERSISTENT:
+                    start_m, bh, hkv, hi = _persistent_tile(tile, num_m, BH, S, GROUP, BLOCK_M, CAUSAL)
+                    q_phase = ((it // NUM_Q_BUFFERS) & 1) ^ 1  # the first use of a Q buffer passes at once
+                    for cid in tl.static_range(0, NUM_MMA_GROUPS):
+                        qi = (it % NUM_Q_BUFFERS) * NUM_MMA_GROUPS + cid
+                        tlx.barrier_wait(q_empties[qi], q_phase)
+                        tlx.barrier_expect_bytes(q_fulls[qi], 2 * BLOCK_M_SPLIT * HEAD_DIM)
+                        tlx.async_descriptor_load(desc_q, q_tiles[qi],
+                                                  [bh, start_m * BLOCK_M + cid * BLOCK_M_SPLIT, 0], q_fulls[qi])
+                    tile += tl.num_programs(0)
+                else:  # per-(batch, head) descriptors [S, D]
+                    desc_q = tl.make_tensor_descriptor(Q + q_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                                       block_shape=[BLOCK_M_SPLIT, HEAD_DIM])
+                    desc_k = tl.make_tensor_descriptor(K + kv_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                                       block_shape=[BLOCK_N, HEAD_DIM])
+                    desc_v = tl.make_tensor_descriptor(V + kv_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                                       block_shape=[BLOCK_N, HEAD_DIM])
+                    for cid in tl.static_range(0, NUM_MMA_GROUPS):
+                        tlx.barrier_expect_bytes(q_fulls[cid], 2 * BLOCK_M_SPLIT * HEAD_DIM)
+                        tlx.async_descriptor_load(desc_q, q_tiles[cid], [start_m * BLOCK_M + cid * BLOCK_M_SPLIT, 0],
+                                                  q_fulls[cid])
                 for start_n in tl.range(0, hi, BLOCK_N):
                     buf = cnt % NUM_BUFFERS
                     kv_phase = kv_phase ^ (buf == 0)
-                    offs_n = start_n + tl.arange(0, BLOCK_N)
-                    if K_PREPASS:  # rstd_k of this tile's keys, issued first so that its latency hides behind the waits
+                    tlx.barrier_wait(k_empties[buf], kv_phase)
+                    tlx.barrier_expect_bytes(k_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
+                    if PERSISTENT:
+                        tlx.async_descriptor_load(desc_k, k_tiles[buf], [hkv, start_n, 0], k_fulls[buf])
+                    else:
+                        tlx.async_descriptor_load(desc_k, k_tiles[buf], [start_n, 0], k_fulls[buf])
+                    tlx.barrier_wait(v_empties[buf], kv_phase)
+                    tlx.barrier_expect_bytes(v_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
+                    if PERSISTENT:
+                        tlx.async_descriptor_load(desc_v, v_tiles[buf], [hkv, start_n, 0], v_fulls[buf])
+                    else:
+                        tlx.async_descriptor_load(desc_v, v_tiles[buf], [start_n, 0], v_fulls[buf])
+                    cnt += 1
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_MMA_GROUPS):  # consumers
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            offs_d = tl.arange(0, HEAD_DIM)
+            if PERSISTENT:
+                tile = first_tile
+                if PINGPONG:  # once: the turn then passes on across the work tiles (same KV steps in both groups)
+                    if cid == 1:
+                        tlx.named_barrier_arrive(9, 256)
+            kv_phase = 1  # K/V ring counters: running across the work tiles, like the producer's
+            cnt = 0
+            for it in (tl.range if PERSISTENT else tl.static_range)(0, n_iter if PERSISTENT else 1):
+                if PERSISTENT:
+                    start_m, bh, hkv, hi = _persistent_tile(tile, num_m, BH, S, GROUP, BLOCK_M, CAUSAL)
+                    qi = (it % NUM_Q_BUFFERS) * NUM_MMA_GROUPS + cid
+                    q_phase = (it // NUM_Q_BUFFERS) & 1
+                    rstd_base = RSTD_K + hkv.to(tl.int64) * S  # [B * Hkv, S] fp32 (K_PREPASS only)
+                else:
+                    qi = cid
+                    q_phase = 0
+                row0 = start_m * BLOCK_M + cid * BLOCK_M_SPLIT
+                offs_m = row0 + tl.arange(0, BLOCK_M_SPLIT)
+                tlx.barrier_wait(q_fulls[qi], q_phase)
+                if PIPELINE and not NORM_QK:  # the QKᵀ A operand straight from the TMA-loaded buffer (SS wgmma)
+                    q = q_tiles[qi]
+                else:
+                    qf = tlx.local_load(q_tiles[qi]).to(tl.float32)
+                    if K_MATERIALIZED:  # once per Q tile; K arrives normalized (k_n, γk included): γq only
+                        qw = tl.load(QW + offs_d).to(tl.float32)
+                        qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * qw[None, :]
+                    elif NORM_QK:  # once per Q tile; k_weight folded into Q (the K rows' rstd scales S's columns)
+                        qw = tl.load(QW + offs_d).to(tl.float32)
+                        kw = tl.load(KW + offs_d).to(tl.float32)
+                        qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, 1) / HEAD_DIM + eps))[:, None] * (qw * kw)[None, :]
+                    q = qf.to(dtype)
+                    if PIPELINE:  # normalized Q written back over the raw tile: the wgmma reads it from shared
+                        # memory (frees its 32 registers per thread for the pipeline); the warpgroup barriers: every
+                        # thread has read the raw tile before any overwrites it, and every thread's rows are stored
+                        # before the wgmma
+                        tlx.named_barrier_wait(Q_READY_BARRIER + cid, 128)
+                        tlx.local_store(q_tiles[qi], q)
+                        tlx.fence("async_shared")  # generic-proxy stores -> async-proxy (wgmma) reads
+                        tlx.named_barrier_wait(Q_READY_BARRIER + cid, 128)
+                        q = q_tiles[qi]
+                m_i = tl.full([BLOCK_M_SPLIT], float("-inf"), dtype=tl.float32)
+                l_i = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
+                acc = tl.zeros([BLOCK_M_SPLIT, HEAD_DIM], dtype=tl.float32)
+                if PINGPONG and not PERSISTENT:
+                    if cid == 1:
+                        tlx.named_barrier_arrive(9, 256)
+                if PIPELINE:  # FA3 intra-warpgroup overlap: QKᵀ of tile j+1 and PV of tile j in flight during softmax
+                    # tile 0: QKᵀ only (its PV is issued in the next iteration, or after the loop)
+                    offs_n = tl.arange(0, BLOCK_N)
+                    if K_PREPASS:
                         rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
-                    tlx.barrier_wait(k_fulls[buf], kv_phase)
+                    buf = cnt % NUM_BUFFERS
+                    tlx.barrier_wait(k_fulls[buf], (cnt // NUM_BUFFERS) & 1)
                     if PINGPONG:
                         if cid == 0:
                             tlx.named_barrier_wait(9, 256)
@@ -389,46 +406,153 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                             tlx.named_barrier_arrive(10, 256)
                         else:
                             tlx.named_barrier_arrive(9, 256)
+                    col_scale = qk_scale
                     if K_PREPASS:
                         col_scale = rstd_k * qk_scale
-                    elif COL_SCALE:  # "inloop": rstd of the K rows, from shared memory, while the wgmma runs
-                        ss = tl.zeros([BLOCK_N], dtype=tl.float32)
-                        for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
-                            kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [0, d0], [BLOCK_N, D_CHUNK]))
-                            kc = kc.to(tl.float32)
-                            ss += tl.sum(kc * kc, 1)
-                        col_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
                     qk = tlx.async_dot_wait(0, qk)
                     tlx.barrier_arrive(k_empties[buf], 1)
-                    if COL_SCALE:
-                        qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
-                    else:  # attention, or K_NORM = "materialize" (k_n already normalized)
-                        qk = qk * qk_scale
-                    need_mask = start_n + BLOCK_N > S
-                    if CAUSAL:
-                        need_mask = need_mask | (start_n + BLOCK_N > row0 + 1)
-                    if need_mask:
-                        valid = offs_n[None, :] < S
-                        if CAUSAL:
-                            valid = valid & (offs_n[None, :] <= offs_m[:, None])
-                        qk = tl.where(valid, qk, float("-inf"))
-                    m_ij = tl.maximum(m_i, tl.max(qk, 1))
-                    p = tl.math.exp2(qk - m_ij[:, None])
-                    alpha = tl.math.exp2(m_i - m_ij)
-                    l_i = l_i * alpha + tl.sum(p, 1)
-                    acc = acc * alpha[:, None]
-                    m_i = m_ij
-                    tlx.barrier_wait(v_fulls[buf], kv_phase)
-                    acc = tlx.async_dot(p.to(dtype), v_tiles[buf], acc)
-                    acc = tlx.async_dot_wait(0, acc)
-                    tlx.barrier_arrive(v_empties[buf], 1)
+                    p, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, 0, row0, S,
+                                                       BLOCK_N, CAUSAL, COL_SCALE)  # acc = 0: no rescale
+                    p = p.to(dtype)  # the loop carries P in the input dtype (32 registers per thread, not 64)
                     cnt += 1
-            acc = acc / l_i[:, None]
-            if NORM_O:
-                ow = tl.load(OW + offs_d).to(tl.float32)
-                acc = acc * (1.0 / tl.sqrt(tl.sum(acc * acc, 1) / HEAD_DIM + eps))[:, None] * ow[None, :]
-            o_ptrs = O + q_off + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-            tl.store(o_ptrs, acc.to(dtype), mask=offs_m[:, None] < S)
+                    for start_n in tl.range(BLOCK_N, hi, BLOCK_N):
+                        buf = cnt % NUM_BUFFERS
+                        phase = (cnt // NUM_BUFFERS) & 1
+                        pbuf = (cnt - 1) % NUM_BUFFERS  # the previous tile's V buffer
+                        pphase = ((cnt - 1) // NUM_BUFFERS) & 1
+                        offs_n = start_n + tl.arange(0, BLOCK_N)
+                        tlx.barrier_wait(k_fulls[buf], phase)
+                        if PINGPONG:
+                            if cid == 0:
+                                tlx.named_barrier_wait(9, 256)
+                            else:
+                                tlx.named_barrier_wait(10, 256)
+                        qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
+                        if PINGPONG and not PINGPONG_PV:
+                            if cid == 0:
+                                tlx.named_barrier_arrive(10, 256)
+                            else:
+                                tlx.named_barrier_arrive(9, 256)
+                        tlx.barrier_wait(v_fulls[pbuf], pphase)
+                        acc = tlx.async_dot(p, v_tiles[pbuf], acc)
+                        if PINGPONG_PV:  # FA3: both GEMMs of this step issued inside the ordered region
+                            if cid == 0:
+                                tlx.named_barrier_arrive(10, 256)
+                            else:
+                                tlx.named_barrier_arrive(9, 256)
+                        if K_PREPASS:  # issued after both GEMMs: its latency hides behind them (and it holds no
+                            # registers across the issue)
+                            col_scale = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0) * qk_scale
+                        qk = tlx.async_dot_wait(1, qk)  # this tile's QKᵀ done; the previous PV may still run
+                        tlx.barrier_arrive(k_empties[buf], 1)
+                        p_new, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n,
+                                                               start_n, row0, S, BLOCK_N, CAUSAL, COL_SCALE)
+                        acc = tlx.async_dot_wait(0, acc)
+                        tlx.barrier_arrive(v_empties[pbuf], 1)
+                        acc = acc * alpha[:, None]
+                        p = p_new.to(dtype)  # after the PV wait: the previous P's registers are free again
+                        cnt += 1
+                    if PERSISTENT:  # every QKᵀ of this work tile is done: the producer may refill this Q buffer
+                        tlx.barrier_arrive(q_empties[qi], 1)
+                    pbuf = (cnt - 1) % NUM_BUFFERS  # the last tile's PV
+                    tlx.barrier_wait(v_fulls[pbuf], ((cnt - 1) // NUM_BUFFERS) & 1)
+                    acc = tlx.async_dot(p, v_tiles[pbuf], acc)
+                    acc = tlx.async_dot_wait(0, acc)
+                    tlx.barrier_arrive(v_empties[pbuf], 1)
+                else:
+                    for start_n in tl.range(0, hi, BLOCK_N):
+                        buf = cnt % NUM_BUFFERS
+                        kv_phase = kv_phase ^ (buf == 0)
+                        offs_n = start_n + tl.arange(0, BLOCK_N)
+                        if K_PREPASS:  # rstd_k of this tile's keys, issued first so that its latency hides behind
+                            # the waits
+                            rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
+                        tlx.barrier_wait(k_fulls[buf], kv_phase)
+                        if PINGPONG:
+                            if cid == 0:
+                                tlx.named_barrier_wait(9, 256)
+                            else:
+                                tlx.named_barrier_wait(10, 256)
+                        qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
+                        if PINGPONG:
+                            if cid == 0:
+                                tlx.named_barrier_arrive(10, 256)
+                            else:
+                                tlx.named_barrier_arrive(9, 256)
+                        if K_PREPASS:
+                            col_scale = rstd_k * qk_scale
+                        elif COL_SCALE:  # "inloop": rstd of the K rows, from shared memory, while the wgmma runs
+                            ss = tl.zeros([BLOCK_N], dtype=tl.float32)
+                            for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
+                                kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [0, d0], [BLOCK_N, D_CHUNK]))
+                                kc = kc.to(tl.float32)
+                                ss += tl.sum(kc * kc, 1)
+                            col_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
+                        qk = tlx.async_dot_wait(0, qk)
+                        tlx.barrier_arrive(k_empties[buf], 1)
+                        if COL_SCALE:
+                            qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
+                        else:  # attention, or K_NORM = "materialize" (k_n already normalized)
+                            qk = qk * qk_scale
+                        need_mask = start_n + BLOCK_N > S
+                        if CAUSAL:
+                            need_mask = need_mask | (start_n + BLOCK_N > row0 + 1)
+                        if need_mask:
+                            valid = offs_n[None, :] < S
+                            if CAUSAL:
+                                valid = valid & (offs_n[None, :] <= offs_m[:, None])
+                            qk = tl.where(valid, qk, float("-inf"))
+                        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+                        p = tl.math.exp2(qk - m_ij[:, None])
+                        alpha = tl.math.exp2(m_i - m_ij)
+                        l_i = l_i * alpha + tl.sum(p, 1)
+                        acc = acc * alpha[:, None]
+                        m_i = m_ij
+                        tlx.barrier_wait(v_fulls[buf], kv_phase)
+                        acc = tlx.async_dot(p.to(dtype), v_tiles[buf], acc)
+                        acc = tlx.async_dot_wait(0, acc)
+                        tlx.barrier_arrive(v_empties[buf], 1)
+                        cnt += 1
+                    if PERSISTENT:  # Q (registers) no longer read from its buffer
+                        tlx.barrier_arrive(q_empties[qi], 1)
+                if PERSISTENT:  # the output rows, recomputed from the tile index (fewer registers live in the KV loop)
+                    start_m, bh, hkv, hi = _persistent_tile(tile, num_m, BH, S, GROUP, BLOCK_M, CAUSAL)
+                    q_off = bh.to(tl.int64) * S * HEAD_DIM
+                    offs_m = start_m * BLOCK_M + cid * BLOCK_M_SPLIT + tl.arange(0, BLOCK_M_SPLIT)
+                    tile += tl.num_programs(0)
+                acc = acc / l_i[:, None]
+                if NORM_O:
+                    ow = tl.load(OW + offs_d).to(tl.float32)
+                    acc = acc * (1.0 / tl.sqrt(tl.sum(acc * acc, 1) / HEAD_DIM + eps))[:, None] * ow[None, :]
+                o_ptrs = O + q_off + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+                tl.store(o_ptrs, acc.to(dtype), mask=offs_m[:, None] < S)
+
+
+H200_NUM_SMS = 132  # the persistent grid's size when compiling without a GPU (compile_sm90)
+SMEM_LIMIT_BYTES = 227 * 1024  # dynamic shared memory per CTA on sm_90
+
+
+def _num_sms(device) -> int:
+    """Streaming multiprocessors of ``device`` (the persistent grid's size); the H200's 132 off the GPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H200_NUM_SMS
+
+
+def _persistent_launch(launches, q, k, v, o, pre, prepass, materialize, cfg, num_sms):
+    """The single ``(args, grid)`` launch of ``PERSISTENT``: the whole q, K (or the pre-pass's k_n), v, o and
+    rstd_k (no batch slices: the grid is ``min(num_sms, cdiv(S, BLOCK_M) · B · Hq)``, never near the 65535 limit
+    of axis y), with ``BH = B · Hq`` as the last argument. ``launches``: ``plan_launches``' slices (their scalar
+    arguments are reused); ``pre``: ``k_prepass``' ``(kernel, args, grid, kw)``, whose args hold rstd_k
+    (``(k, rstd_k, R, eps)``) or k_n (``(k, k_weight, k_n, R, eps)``)."""
+    B, Hq, S, _ = q.shape
+    args = launches[0][0]
+    k_full = pre[1][2] if materialize else k
+    rstd = pre[1][1] if prepass else args[7]
+    tiles = triton.cdiv(S, cfg.BLOCK_M) * B * Hq
+    if tiles >= 2 ** 31:
+        raise ValueError(f"PERSISTENT: {tiles} work tiles exceed the kernel's 32-bit tile index")
+    return (q, k_full, v, o) + tuple(args[4:7]) + (rstd,) + tuple(args[8:]) + (B * Hq,), (min(num_sms, tiles), 1, 1)
 
 
 def _alloc_fn(size: int, align: int, stream):
@@ -459,11 +583,21 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     q, k, v = aligned(q), aligned(k), aligned(v)
     o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps, cfg.K_NORM,
                                                            norms, cfg.BLOCK_M)
+    if cfg.PERSISTENT:
+        # shared memory: 2 Q buffers (this tile's and the next one's) + the K/V ring, bf16/fp16
+        smem = 2 * cfg.BLOCK_M * D * 2 + 2 * cfg.NUM_BUFFERS * cfg.BLOCK_N * D * 2
+        if smem > SMEM_LIMIT_BYTES:
+            raise ValueError(f"PERSISTENT with BLOCK_N={cfg.BLOCK_N}, NUM_BUFFERS={cfg.NUM_BUFFERS}, D={D} needs "
+                             f"{smem // 1024} KiB of shared memory (two Q buffers + the K/V ring), more than the "
+                             f"{SMEM_LIMIT_BYTES // 1024} KiB of one CTA: use fewer NUM_BUFFERS")
+        launches = [_persistent_launch(launches, q, k, v, o, pre, prepass, materialize, cfg, _num_sms(q.device))]
+    else:
+        launches = [(args + (grid[1],), grid) for args, grid in launches]  # BH: the slice's (batch, head) pairs
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
               NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, K_PREPASS=prepass,
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
               K_MATERIALIZED=materialize, PIPELINE=cfg.PIPELINE, PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
-              WARP_ARRIVE=cfg.WARP_ARRIVE,
+              WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT,
               num_warps=4, num_stages=1)
     return o, launches, kw, pre
 

@@ -1,0 +1,271 @@
+"""``PERSISTENT`` of the TLX fna_llm kernel (kernels_tlx/fna_llm.py), checked in what the sm_90a compile emits (no
+GPU needed):
+
+1. the shipped ``-persist-`` configs: one launch of min(#SMs, work tiles) CTAs (132 off the GPU, the H200's count)
+   whatever B·Hq (no batch slices at B·Hq = 65536), 3-D TMA loads through descriptors over the whole tensors built
+   once per CTA (3 ``tensormap.replace ... global_address``, no 2-D TMA), two Q buffers with full / empty barriers
+   (12 single-arrival mbarriers instead of 6), the FA3 pipeline kept (``wgmma.wait_group 1``, SS wgmma), shared
+   memory within the H200's limit, and at most 8 bytes of spills (one tile-loop scalar), none inside a KV loop
+   (SASS: no local-memory access between the ends of a loop that holds wgmma);
+2. the non-pipelined loop and K_NORM = prepass with ``PERSISTENT`` compile too; ``LPT`` changes nothing there
+   (the persistent causal order is always heaviest first);
+3. config validation: non-bool, ``K_NORM = "inloop"``, a K/V ring that does not fit next to two Q buffers;
+4. GPU (marker ``gpu``): the persistent configs against the fp32 reference (both ops, causal and not, S = 2048,
+   4097, 333, 1, GQA Hq 32 / Hkv 8, D = 128, o_norm), B·Hq = 65536 (one launch), more than 2^31 elements, and
+   agreement with the one-CTA-per-Q-tile kernel (same per-tile arithmetic).
+"""
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from normfuse import compile_only
+
+if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU test may follow (see test_fna_llm_tlx)
+    compile_only.install(90)
+
+from kernels_tlx import fna_llm as K  # noqa: E402
+from normfuse.techniques import fna_llm as T  # noqa: E402
+
+ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
+       for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
+                               .read_text())["tlx"]}
+PERSIST = {n: c for n, c in ALL.items() if c.get("PERSISTENT")}
+assert set(PERSIST) == {"bn128-buf2-pipe-pingpong-persist-mat", "bn128-buf2-pipe-pingpongpv-persist-mat",
+                        "bn128-buf2-pipe-coop-persist-mat"}, PERSIST
+# each persistent entry and its one-CTA-per-Q-tile twin (the same entry without PERSISTENT)
+TWIN = {"bn128-buf2-pipe-pingpong-persist-mat": "bn128-buf2-pipe-pingpong-mat",
+        "bn128-buf2-pipe-pingpongpv-persist-mat": "bn128-buf2-pipe-pingpongpv-mat",
+        "bn128-buf2-pipe-coop-persist-mat": "bn128-buf2-pipe-coop-mat"}
+SS_WGMMA = re.compile(r"wgmma\.mma_async\S*\s+\{[^}]*\},\s*%rd\d+,\s*%rd\d+")  # A and B both smem descriptors
+INIT1 = re.compile(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 1;")  # single-arrival barriers (fulls, q empties)
+
+
+def _launch(cfg, norms=False, causal=True, shape=(1000, 2, 32), D=128):
+    q, k, v, qw, kw = T.compile_inputs(*shape, "bf16") if D == 128 else _inputs(*shape, D)
+    _, launches, kwd, _ = K._prepare(q, k, v, qw if norms else None, kw if norms else None, None, causal, 1e-6, cfg,
+                                     norms, need_cuda=False)
+    return launches, kwd
+
+
+def _inputs(S, B, Hq, D, Hkv=None):
+    Hkv = Hkv or max(Hq // 4, 1)
+    q, k, v = (torch.empty(B, h, S, D, dtype=torch.bfloat16) for h in (Hq, Hkv, Hkv))
+    w = torch.empty(D, dtype=torch.bfloat16)
+    return q, k, v, w, w
+
+
+def _ptx(cfg, norms=False, causal=True, **kw):
+    launches, kwd = _launch(cfg, norms, causal, **kw)
+    (args, grid), = launches
+    return K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd).asm["ptx"]
+
+
+def _sass_spills(ptx):
+    """``(spill-store bytes, local-memory accesses inside a KV loop)``: ptxas -v, then cuobjdump's SASS; a KV loop
+    is a backward branch's range that holds wgmma (HGMMA) and no other such loop (the innermost ones)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        src.write_text(ptx)
+        p = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(cubin)], capture_output=True, text=True)
+        m = re.search(r"(\d+) bytes spill stores", p.stdout + p.stderr)
+        assert p.returncode == 0 and m, p.stderr[-2000:]
+        sass = subprocess.run([str(Path(ptxas).parent / "cuobjdump"), "-sass", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    hgmma = [a for a, t in ins if "HGMMA" in t]
+    loops = []
+    for a, t in ins:
+        b = re.search(r"\bBRA\s+(?:`\()?0x([0-9a-f]+)", t)
+        if b and int(b.group(1), 16) < a and any(int(b.group(1), 16) <= h <= a for h in hgmma):
+            loops.append((int(b.group(1), 16), a))
+    inner = [(s, e) for s, e in loops if not any((s, e) != (s2, e2) and s <= s2 and e2 <= e for s2, e2 in loops)]
+    local = [a for a, t in ins if re.search(r"\b(?:LDL|STL)\b", t)]
+    assert inner, "no wgmma loop found in the SASS"
+    return int(m.group(1)), [hex(a) for a in local if any(s <= a <= e for s, e in inner)]
+
+
+@pytest.mark.parametrize("name", list(PERSIST))
+@pytest.mark.parametrize("op", ["qknorm_attention", "attention"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_persistent_configs_compile(name, op, causal):
+    cfg, norms = PERSIST[name], op == "qknorm_attention"
+    launches, _ = _launch(cfg, norms, causal)
+    (args, grid), = launches
+    assert grid == (K.H200_NUM_SMS, 1, 1) and args[-1] == 2 * 32  # 8 Q tiles x 64 (batch, head) > 132
+    ptx = _ptx(cfg, norms, causal)
+    # descriptors over the whole [B·H, S, D] tensors, built once per CTA (q, k, v), 3-D loads only
+    assert ptx.count("tensormap.replace.tile.global_address") == 3
+    assert "cp.async.bulk.tensor.3d" in ptx and "cp.async.bulk.tensor.2d" not in ptx
+    # q fulls + q empties for two Q buffers x two warpgroups, K / V fulls; the empties count 256 threads
+    assert len(INIT1.findall(ptx)) == 2 * 2 * K.NUM_MMA_GROUPS + 2 * cfg["NUM_BUFFERS"]
+    assert len(INIT1.findall(_ptx(ALL[TWIN[name]], norms, causal))) == K.NUM_MMA_GROUPS + 2 * cfg["NUM_BUFFERS"]
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx and SS_WGMMA.findall(ptx)
+    if norms:  # the normalized Q stored back, per tile, behind the proxy fence and the warpgroup barriers
+        assert "fence.proxy.async" in ptx
+        for bar in (K.Q_READY_BARRIER.value, K.Q_READY_BARRIER.value + 1):
+            assert re.search(rf"\bbar\.sync\s+{bar},\s*128;", ptx), bar
+    spill, in_loop = _sass_spills(ptx)
+    assert spill <= 8 and not in_loop, (spill, in_loop)  # measured: 8 bytes causal, 4 / 0 non-causal
+    r = K.compile_sm90(op, *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=causal, o_norm=norms)
+    assert r["smem_ok"] and r["num_warps"] == 12 and r["ptx_markers"]["setmaxnreg"] > 0, r
+    assert r["shared_bytes"] >= 2 * 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2  # two Q tiles + the K/V ring
+    assert (r["pingpong_barriers"] > 0) == cfg["PINGPONG"]
+
+
+def test_persistent_grid_is_one_launch():
+    """B·Hq = 65536 (past the 65535 limit of grid axis y): one launch of 132 CTAs over all (batch, head) pairs, not
+    two slices; few work tiles: one CTA per tile."""
+    cfg = PERSIST["bn128-buf2-pipe-coop-persist-mat"]
+    launches, _ = _launch(cfg, False, True, shape=(16, 2048, 32), D=64)
+    (args, grid), = launches
+    assert grid == (K.H200_NUM_SMS, 1, 1) and args[-1] == 65536 and args[0].shape[0] == 2048
+    assert len(_launch(ALL[TWIN["bn128-buf2-pipe-coop-persist-mat"]], False, True, shape=(16, 2048, 32), D=64)[0]) == 2
+    (args, grid), = _launch(cfg, True, False, shape=(300, 1, 2))[0]
+    assert grid == (3 * 2, 1, 1) and args[-1] == 2
+
+
+@pytest.mark.parametrize("norms", [True, False])
+def test_persistent_head_dim_64_and_three_buffers(norms):
+    """D = 64 (the grid-slice check's head dim): a 3-deep K/V ring fits next to the two Q buffers; no spills in the
+    KV loop."""
+    cfg = {**PERSIST["bn128-buf2-pipe-pingpong-persist-mat"], "NUM_BUFFERS": 3}
+    ptx = _ptx(cfg, norms, True, shape=(300, 2, 4), D=64)
+    assert "cp.async.bulk.tensor.3d" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx
+    spill, in_loop = _sass_spills(ptx)
+    assert spill <= 8 and not in_loop, (spill, in_loop)
+
+
+@pytest.mark.parametrize("base", ["bn128-buf2-pingpong-mat", "bn128-buf2-pipe-pingpong"])
+def test_persistent_other_loops_compile(base):
+    """The non-pipelined loop and the pipelined prepass column scale with PERSISTENT (not shipped): they compile
+    and fit; spills bounded."""
+    cfg = {**ALL[base], "PERSISTENT": True, "WARP_ARRIVE": True}
+    ptx = _ptx(cfg, True, True)
+    assert ptx.count("tensormap.replace.tile.global_address") == 3 and "cp.async.bulk.tensor.3d" in ptx
+    assert len(INIT1.findall(ptx)) == 2 * 2 * K.NUM_MMA_GROUPS + 2 * cfg["NUM_BUFFERS"]
+    spill, in_loop = _sass_spills(ptx)
+    # measured: the non-pipelined loop none in the loop; the pipelined prepass loop (rstd_k column scale, not
+    # shipped) 12 bytes, one local reload per KV step per consumer warpgroup (hence not in the timed entries)
+    assert spill <= 16 and len(in_loop) <= (2 if cfg.get("PIPELINE") else 0), (spill, in_loop)
+    r = K.compile_sm90("qknorm_attention", *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=True)
+    assert r["smem_ok"], r
+
+
+def test_persistent_causal_order_is_lpt():
+    """PERSISTENT's causal tile order is always heaviest first: LPT changes nothing in the kernel."""
+    cfg = PERSIST["bn128-buf2-pipe-pingpong-persist-mat"]
+    strip = lambda ptx: re.sub(r"\.loc[^\n]*\n", "", ptx)  # noqa: E731
+    assert strip(_ptx({**cfg, "LPT": True})) == strip(_ptx(cfg))
+
+
+def test_persistent_config_validation():
+    with pytest.raises(ValueError, match="PERSISTENT"):
+        K.TilingConfig(PERSISTENT=1)
+    with pytest.raises(ValueError, match="PERSISTENT.*inloop"):
+        K.TilingConfig(PERSISTENT=True, K_NORM="inloop")
+    assert not K.TilingConfig().PERSISTENT
+    with pytest.raises(ValueError, match="shared memory"):  # 2 x 32 KiB of Q + 3 x 64 KiB of K/V > 227 KiB
+        _launch({**PERSIST["bn128-buf2-pipe-pingpong-persist-mat"], "NUM_BUFFERS": 3})
+    _launch({**PERSIST["bn128-buf2-pipe-pingpong-persist-mat"], "NUM_BUFFERS": 3}, shape=(300, 2, 4), D=64)  # fits
+
+
+# ------------------------------------------------------------------------------------------------------------ GPU
+
+
+def _check(cfg, S, B, Hq, Hkv, D, causal, o_norm=False, seed=0):
+    inp = T.make_inputs(S, B, Hq, dtype="bf16", device="cuda", kv_heads=Hkv, head_dim=D, o_norm=o_norm, seed=seed)
+    variant = "causal" if causal else "noncausal"
+    bad = []
+    for impl in ("fused", "attention"):
+        if impl == "fused":
+            out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal,
+                                     eps=1e-6, o_weight=inp.get("o_weight"), config=cfg)
+        else:
+            out = K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg)
+        r = T.check(impl, out, inp, 1e-6, variant)
+        if not r["ok"]:
+            bad.append(f"{impl} S={S} B={B} Hq={Hq} D={D} {variant}: {r}")
+    return bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(PERSIST))
+def test_persistent_configs_shapes_gpu(name):
+    """Benchmark head layout (GQA 32 / 8, D = 128) at several work tiles per CTA, S = 1, ragged S, o_norm; D = 64
+    with fewer tiles than SMs."""
+    cfg, bad = PERSIST[name], []
+    for S, B, causal in ((2048, 2, True), (2048, 1, False), (1, 3, True), (333, 2, True), (4097, 1, False),
+                         (4097, 1, True), (333, 1, False)):
+        bad += _check(cfg, S, B, 32, 8, 128, causal, o_norm=S == 333)
+    bad += _check(cfg, 1000, 1, 4, 1, 64, True) + _check(cfg, 257, 2, 3, 3, 64, False)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["bn128-buf2-pipe-pingpong-persist-mat", "bn128-buf2-pipe-coop-persist-mat"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_persistent_bh_65536_gpu(name, causal):
+    """B·Hq = 65536 (B = 2048, Hq = 32, S = 16, D = 64): one launch over all (batch, head) pairs; batches at both
+    ends checked."""
+    cfg = PERSIST[name]
+    inp = T.make_inputs(16, 2048, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=64, seed=2)
+    variant = "causal" if causal else "noncausal"
+    bad = []
+    for impl in ("fused", "attention"):
+        if impl == "fused":
+            out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal,
+                                     eps=1e-6, config=cfg)
+        else:
+            out = K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg)
+        for b0, b1 in ((0, 2), (1023, 1025), (2046, 2048)):
+            sub = {**inp, "q": inp["q"][b0:b1], "k": inp["k"][b0:b1], "v": inp["v"][b0:b1]}
+            r = T.check(impl, out[b0:b1], sub, 1e-6, variant)
+            if not r["ok"]:
+                bad.append(f"{name} {impl} batches [{b0}, {b1}): {r}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.gpu
+def test_persistent_int64_gpu():
+    """q of more than 2^31 elements (B = 2049, Hq = 16, Hkv = 8, S = 512, D = 128), causal: the 3-D descriptors
+    and the 64-bit output offsets."""
+    B, Hq, Hkv, S, D = 2049, 16, 8, 512, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    inp = {"q": mk(B, Hq, S, D), "k": mk(B, Hkv, S, D), "v": mk(B, Hkv, S, D),
+           "q_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16), "k_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16),
+           "o_weight": None}
+    out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=True, eps=1e-6,
+                             config=PERSIST["bn128-buf2-pipe-pingpong-persist-mat"])
+    for b in (0, B - 1):
+        sub = {**inp, "q": inp["q"][b:b + 1], "k": inp["k"][b:b + 1], "v": inp["v"][b:b + 1]}
+        r = T.check("fused", out[b:b + 1], sub, 1e-6, "causal")
+        assert r["ok"], (b, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_persistent_matches_one_tile_per_cta_gpu(causal):
+    """Each work tile runs the same arithmetic as the one-CTA-per-Q-tile kernel: expected bit-identical; allowed
+    an ulp where ptxas schedules differently (B = 8: several tiles per CTA at S = 4096)."""
+    inp = T.make_inputs(4096, 8, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=4)
+    for name, twin in TWIN.items():
+        for impl in ("fused", "attention"):
+            outs = []
+            for cfg in (PERSIST[name], ALL[twin]):
+                if impl == "fused":
+                    outs.append(K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"],
+                                                   causal=causal, eps=1e-6, config=cfg).float())
+                else:
+                    outs.append(K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg).float())
+            d = (outs[0] - outs[1]).abs().max().item()
+            assert d <= 1e-2, (name, impl, d)
