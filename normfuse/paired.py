@@ -108,8 +108,11 @@ def read_rounds(run_dir: Path) -> pd.DataFrame | None:
     when the file is missing or empty. A missing ``replicate`` is 0.
 
     Raises ValueError naming the file for missing columns, null identity columns, M or N that are not integers,
-    a ``ms`` that is not a number > 0 (NaN / null is allowed: that participant's time is missing in that round,
-    and so are the metrics that need it), or a participant recorded twice in one round."""
+    a ``ms`` that is not a number (NaN / null is allowed: that participant's time is missing in that round,
+    and so are the metrics that need it), or a participant recorded twice in one round. A number <= 0 is a sample
+    below the resolution of the difference method (``cudagraph_flush``: (t_flush+fn - t_flush) / n, whose noise is
+    ~1-2 us: kernels of a few us can read <= 0): it is treated as missing, with a ``UserWarning`` giving the count
+    and the participants, so that no ratio metric divides by it."""
     path = rounds_path(run_dir)
     df = _frame(path)
     if df is None:
@@ -121,10 +124,16 @@ def read_rounds(run_dir: Path) -> pd.DataFrame | None:
     if null:
         raise ValueError(f"{path}: null values in the identity columns {null} (only ms may be null)")
     ms = pd.to_numeric(df["ms"], errors="coerce")
-    bad = df["ms"].notna() & ~(ms > 0)
+    bad = df["ms"].notna() & ms.isna()
     if bad.any():
-        raise ValueError(f"{path}: ms must be a time > 0 (milliseconds) or null; got {df.loc[bad, 'ms'].iloc[0]!r} "
-                         f"in {int(bad.sum())} rows")
+        raise ValueError(f"{path}: ms must be a time in milliseconds (a number) or null; got "
+                         f"{df.loc[bad, 'ms'].iloc[0]!r} in {int(bad.sum())} rows")
+    low = ms.notna() & ~(ms > 0)
+    if low.any():
+        who = sorted({f"{r.dsl}/{r.impl}/{r.config_name} at {r.M}x{r.N}" for r in df[low].itertuples()})
+        warnings.warn(f"{path}: {int(low.sum())} samples <= 0 ms (below the timing method's resolution) treated as "
+                      f"missing: {', '.join(who)}", UserWarning, stacklevel=2)
+        ms = ms.where(~low)
     df["ms"] = ms.astype(float)
     _numeric_shape(df)
     if df[["M", "N"]].isna().any().any():
