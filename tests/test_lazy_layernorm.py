@@ -199,7 +199,7 @@ def test_gpu_checks_cover_layernorm(monkeypatch):
     for dsl in ("triton", "helion", "tlx"):
         assert gpu_checks.check_all(dsl, "lazy_prenorm_ln") == []
         cfgs = gpu_checks.shipped_configs(dsl, "lazy_prenorm_ln")
-        assert 2 <= len(cfgs) <= 3 and not any(c.get("known_incorrect") for c in cfgs)
+        assert len(cfgs) >= 2 and not any(c.get("known_incorrect") for c in cfgs)
         assert all(c.get("sumsq") != "shared_tile" for c in cfgs)
     assert {r["technique"] for r in reqs} == {"lazy_prenorm"} and {r["variant"] for r in reqs} == {"layernorm"}
     assert {r["eps"] for r in reqs} == {1e-5}
