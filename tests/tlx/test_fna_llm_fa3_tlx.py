@@ -32,6 +32,7 @@ if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU
 
 from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
+from fna_llm_gpu import check_config  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
 
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
@@ -152,20 +153,6 @@ def test_fa3_config_validation():
 # ------------------------------------------------------------------------------------------------------------ GPU
 
 
-def _check(cfg, S, B, Hq, Hkv, D, causal, o_norm=False, seed=0):
-    inp = T.make_inputs(S, B, Hq, dtype="bf16", device="cuda", kv_heads=Hkv, head_dim=D, o_norm=o_norm, seed=seed)
-    variant = "causal" if causal else "noncausal"
-    bad = []
-    for impl in ("fused", "attention"):
-        if impl == "fused":
-            out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal,
-                                     eps=1e-6, o_weight=inp.get("o_weight"), config=cfg)
-        else:
-            out = K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg)
-        r = T.check(impl, out, inp, 1e-6, variant)
-        if not r["ok"]:
-            bad.append(f"{impl} S={S} B={B} Hq={Hq} {variant}: {r}")
-    return bad
 
 
 @pytest.mark.gpu
@@ -174,7 +161,7 @@ def test_fa3_configs_shapes_gpu(name):
     """Benchmark head layout at several Q tiles (LPT order), S = 1 and a ragged S, o_norm."""
     cfg, bad = FA3[name], []
     for S, B, causal in ((2048, 2, True), (2048, 1, False), (1, 3, True), (333, 2, True), (4097, 1, False)):
-        bad += _check(cfg, S, B, 32, 8, 128, causal, o_norm=S == 333)
+        bad += check_config(cfg, S, B, 32, 8, 128, causal, o_norm=S == 333)
     assert not bad, "\n".join(bad)
 
 

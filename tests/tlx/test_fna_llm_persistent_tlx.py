@@ -31,6 +31,7 @@ if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU
 
 from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
+from fna_llm_gpu import check_config  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
 
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
@@ -181,20 +182,6 @@ def test_persistent_config_validation():
 # ------------------------------------------------------------------------------------------------------------ GPU
 
 
-def _check(cfg, S, B, Hq, Hkv, D, causal, o_norm=False, seed=0):
-    inp = T.make_inputs(S, B, Hq, dtype="bf16", device="cuda", kv_heads=Hkv, head_dim=D, o_norm=o_norm, seed=seed)
-    variant = "causal" if causal else "noncausal"
-    bad = []
-    for impl in ("fused", "attention"):
-        if impl == "fused":
-            out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal,
-                                     eps=1e-6, o_weight=inp.get("o_weight"), config=cfg)
-        else:
-            out = K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg)
-        r = T.check(impl, out, inp, 1e-6, variant)
-        if not r["ok"]:
-            bad.append(f"{impl} S={S} B={B} Hq={Hq} D={D} {variant}: {r}")
-    return bad
 
 
 @pytest.mark.gpu
@@ -205,8 +192,8 @@ def test_persistent_configs_shapes_gpu(name):
     cfg, bad = PERSIST[name], []
     for S, B, causal in ((2048, 2, True), (2048, 1, False), (1, 3, True), (333, 2, True), (4097, 1, False),
                          (4097, 1, True), (333, 1, False)):
-        bad += _check(cfg, S, B, 32, 8, 128, causal, o_norm=S == 333)
-    bad += _check(cfg, 1000, 1, 4, 1, 64, True) + _check(cfg, 257, 2, 3, 3, 64, False)
+        bad += check_config(cfg, S, B, 32, 8, 128, causal, o_norm=S == 333)
+    bad += check_config(cfg, 1000, 1, 4, 1, 64, True) + check_config(cfg, 257, 2, 3, 3, 64, False)
     assert not bad, "\n".join(bad)
 
 
