@@ -179,6 +179,25 @@ class TilingConfig(TilingConfigBase):
 
 
 @triton.jit
+def _turn_wait(cid: tl.constexpr):
+    """PINGPONG: wait until it is consumer warpgroup ``cid``'s turn to issue its wgmma (named barrier 9 for group 0,
+    10 for group 1; 256 threads: both groups take part in each)."""
+    if cid == 0:
+        tlx.named_barrier_wait(9, 256)
+    else:
+        tlx.named_barrier_wait(10, 256)
+
+
+@triton.jit
+def _turn_pass(cid: tl.constexpr):
+    """PINGPONG: hand the turn to the other consumer warpgroup."""
+    if cid == 0:
+        tlx.named_barrier_arrive(10, 256)
+    else:
+        tlx.named_barrier_arrive(9, 256)
+
+
+@triton.jit
 def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, row0, S,
                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, COL_SCALE: tl.constexpr):
     """Online-softmax step of the pipelined loop on one ``[BLOCK_M_SPLIT, BLOCK_N]`` fp32 score tile ``qk``:
@@ -396,16 +415,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     buf = cnt % NUM_BUFFERS
                     tlx.barrier_wait(k_fulls[buf], (cnt // NUM_BUFFERS) & 1)
                     if PINGPONG:
-                        if cid == 0:
-                            tlx.named_barrier_wait(9, 256)
-                        else:
-                            tlx.named_barrier_wait(10, 256)
+                        _turn_wait(cid)
                     qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
                     if PINGPONG:
-                        if cid == 0:
-                            tlx.named_barrier_arrive(10, 256)
-                        else:
-                            tlx.named_barrier_arrive(9, 256)
+                        _turn_pass(cid)
                     col_scale = qk_scale
                     if K_PREPASS:
                         col_scale = rstd_k * qk_scale
@@ -423,23 +436,14 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                         offs_n = start_n + tl.arange(0, BLOCK_N)
                         tlx.barrier_wait(k_fulls[buf], phase)
                         if PINGPONG:
-                            if cid == 0:
-                                tlx.named_barrier_wait(9, 256)
-                            else:
-                                tlx.named_barrier_wait(10, 256)
+                            _turn_wait(cid)
                         qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
                         if PINGPONG and not PINGPONG_PV:
-                            if cid == 0:
-                                tlx.named_barrier_arrive(10, 256)
-                            else:
-                                tlx.named_barrier_arrive(9, 256)
+                            _turn_pass(cid)
                         tlx.barrier_wait(v_fulls[pbuf], pphase)
                         acc = tlx.async_dot(p, v_tiles[pbuf], acc)
                         if PINGPONG_PV:  # FA3: both GEMMs of this step issued inside the ordered region
-                            if cid == 0:
-                                tlx.named_barrier_arrive(10, 256)
-                            else:
-                                tlx.named_barrier_arrive(9, 256)
+                            _turn_pass(cid)
                         if K_PREPASS:  # issued after both GEMMs: its latency hides behind them (and it holds no
                             # registers across the issue)
                             col_scale = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0) * qk_scale
@@ -469,16 +473,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                             rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
                         tlx.barrier_wait(k_fulls[buf], kv_phase)
                         if PINGPONG:
-                            if cid == 0:
-                                tlx.named_barrier_wait(9, 256)
-                            else:
-                                tlx.named_barrier_wait(10, 256)
+                            _turn_wait(cid)
                         qk = tlx.async_dot(q, tlx.local_trans(k_tiles[buf]))
                         if PINGPONG:
-                            if cid == 0:
-                                tlx.named_barrier_arrive(10, 256)
-                            else:
-                                tlx.named_barrier_arrive(9, 256)
+                            _turn_pass(cid)
                         if K_PREPASS:
                             col_scale = rstd_k * qk_scale
                         elif COL_SCALE:  # "inloop": rstd of the K rows, from shared memory, while the wgmma runs
