@@ -1,9 +1,19 @@
-"""Shared GPU check of the TLX QK-norm attention tests (test_fna_llm_fa3_tlx, test_fna_llm_persistent_tlx): one
-config at one shape, fused and plain attention, against the fp32 reference. Imported after the test module has
-set up (or not) the compile-only fake driver."""
+"""Shared GPU checks of the TLX QK-norm attention tests (test_fna_llm_fa3_tlx, test_fna_llm_persistent_tlx):
+fused and plain attention against the fp32 reference. Imported after the test module has set up (or not) the
+compile-only fake driver."""
+
+import torch
 
 from kernels_tlx import fna_llm as K
 from normfuse.techniques import fna_llm as T
+
+
+def run(impl, inp, causal, cfg, eps=1e-6):
+    """``impl`` ('fused' = qknorm_attention, 'attention') of ``inp`` (``T.make_inputs``' dict) with ``cfg``."""
+    if impl == "fused":
+        return K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal,
+                                  eps=eps, o_weight=inp.get("o_weight"), config=cfg)
+    return K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg)
 
 
 def check_config(cfg, S, B, Hq, Hkv, D, causal, o_norm=False, seed=0) -> list[str]:
@@ -13,12 +23,39 @@ def check_config(cfg, S, B, Hq, Hkv, D, causal, o_norm=False, seed=0) -> list[st
     variant = "causal" if causal else "noncausal"
     bad = []
     for impl in ("fused", "attention"):
-        if impl == "fused":
-            out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal,
-                                     eps=1e-6, o_weight=inp.get("o_weight"), config=cfg)
-        else:
-            out = K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg)
-        r = T.check(impl, out, inp, 1e-6, variant)
+        r = T.check(impl, run(impl, inp, causal, cfg), inp, 1e-6, variant)
         if not r["ok"]:
             bad.append(f"{impl} S={S} B={B} Hq={Hq} D={D} {variant}: {r}")
     return bad
+
+
+def check_batch_slices(name, cfg, causal, slices) -> list[str]:
+    """B·Hq = 65536 (B = 2048, Hq = 32, Hkv = 8, S = 16, D = 64), both ops; the batches ``[(b0, b1), ...]``
+    checked against the reference. Failure descriptions."""
+    inp = T.make_inputs(16, 2048, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=64, seed=2)
+    variant = "causal" if causal else "noncausal"
+    bad = []
+    for impl in ("fused", "attention"):
+        out = run(impl, inp, causal, cfg)
+        for b0, b1 in slices:
+            sub = {**inp, "q": inp["q"][b0:b1], "k": inp["k"][b0:b1], "v": inp["v"][b0:b1]}
+            r = T.check(impl, out[b0:b1], sub, 1e-6, variant)
+            if not r["ok"]:
+                bad.append(f"{name} {impl} batches [{b0}, {b1}): {r}")
+    return bad
+
+
+def check_int64(cfg):
+    """q of more than 2^31 elements (B = 2049, Hq = 16, Hkv = 8, S = 512, D = 128), causal, fused: the first and
+    the last batch element against the reference (asserts)."""
+    B, Hq, Hkv, S, D = 2049, 16, 8, 512, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    inp = {"q": mk(B, Hq, S, D), "k": mk(B, Hkv, S, D), "v": mk(B, Hkv, S, D),
+           "q_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16), "k_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16),
+           "o_weight": None}
+    out = run("fused", inp, True, cfg)
+    for b in (0, B - 1):
+        sub = {**inp, "q": inp["q"][b:b + 1], "k": inp["k"][b:b + 1], "v": inp["v"][b:b + 1]}
+        r = T.check("fused", out[b:b + 1], sub, 1e-6, "causal")
+        assert r["ok"], (b, r)

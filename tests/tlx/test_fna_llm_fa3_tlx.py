@@ -32,7 +32,7 @@ if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU
 
 from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
-from fna_llm_gpu import check_config  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
+from fna_llm_gpu import check_batch_slices, check_config, check_int64  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
 
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
@@ -170,38 +170,14 @@ def test_fa3_configs_shapes_gpu(name):
 def test_fa3_grid_slices_gpu(name):
     """B·Hq = 65536 (B = 2048, Hq = 32, S = 16, D = 64): two launches; batches on both sides of the slice checked
     (LPT remaps within each launch's own grid)."""
-    cfg = FA3[name]
-    inp = T.make_inputs(16, 2048, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=64, seed=2)
-    bad = []
-    for impl in ("fused", "attention"):
-        if impl == "fused":
-            out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=True,
-                                     eps=1e-6, config=cfg)
-        else:
-            out = K.attention(inp["q"], inp["k"], inp["v"], causal=True, config=cfg)
-        for b0, b1 in ((0, 2), (2046, 2048)):
-            sub = {**inp, "q": inp["q"][b0:b1], "k": inp["k"][b0:b1], "v": inp["v"][b0:b1]}
-            r = T.check(impl, out[b0:b1], sub, 1e-6, "causal")
-            if not r["ok"]:
-                bad.append(f"{name} {impl} batches [{b0}, {b1}): {r}")
+    bad = check_batch_slices(name, FA3[name], True, ((0, 2), (2046, 2048)))
     assert not bad, "\n".join(bad)
 
 
 @pytest.mark.gpu
 def test_fa3_int64_gpu():
     """q of more than 2^31 elements (B = 2049, Hq = 16, Hkv = 8, S = 512, D = 128), causal, the LPT config."""
-    B, Hq, Hkv, S, D = 2049, 16, 8, 512, 128
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    inp = {"q": mk(B, Hq, S, D), "k": mk(B, Hkv, S, D), "v": mk(B, Hkv, S, D),
-           "q_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16), "k_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16),
-           "o_weight": None}
-    out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=True, eps=1e-6,
-                             config=FA3["bn128-buf2-pipe-pingpong-lpt-mat"])
-    for b in (0, B - 1):
-        sub = {**inp, "q": inp["q"][b:b + 1], "k": inp["k"][b:b + 1], "v": inp["v"][b:b + 1]}
-        r = T.check("fused", out[b:b + 1], sub, 1e-6, "causal")
-        assert r["ok"], (b, r)
+    check_int64(FA3["bn128-buf2-pipe-pingpong-lpt-mat"])
 
 
 @pytest.mark.gpu

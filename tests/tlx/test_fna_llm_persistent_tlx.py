@@ -31,7 +31,7 @@ if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU
 
 from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
-from fna_llm_gpu import check_config  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
+from fna_llm_gpu import check_batch_slices, check_config, check_int64, run  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
 
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
@@ -203,21 +203,7 @@ def test_persistent_configs_shapes_gpu(name):
 def test_persistent_bh_65536_gpu(name, causal):
     """B·Hq = 65536 (B = 2048, Hq = 32, S = 16, D = 64): one launch over all (batch, head) pairs; batches at both
     ends checked."""
-    cfg = PERSIST[name]
-    inp = T.make_inputs(16, 2048, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=64, seed=2)
-    variant = "causal" if causal else "noncausal"
-    bad = []
-    for impl in ("fused", "attention"):
-        if impl == "fused":
-            out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal,
-                                     eps=1e-6, config=cfg)
-        else:
-            out = K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg)
-        for b0, b1 in ((0, 2), (1023, 1025), (2046, 2048)):
-            sub = {**inp, "q": inp["q"][b0:b1], "k": inp["k"][b0:b1], "v": inp["v"][b0:b1]}
-            r = T.check(impl, out[b0:b1], sub, 1e-6, variant)
-            if not r["ok"]:
-                bad.append(f"{name} {impl} batches [{b0}, {b1}): {r}")
+    bad = check_batch_slices(name, PERSIST[name], causal, ((0, 2), (1023, 1025), (2046, 2048)))
     assert not bad, "\n".join(bad)
 
 
@@ -225,18 +211,7 @@ def test_persistent_bh_65536_gpu(name, causal):
 def test_persistent_int64_gpu():
     """q of more than 2^31 elements (B = 2049, Hq = 16, Hkv = 8, S = 512, D = 128), causal: the 3-D descriptors
     and the 64-bit output offsets."""
-    B, Hq, Hkv, S, D = 2049, 16, 8, 512, 128
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    inp = {"q": mk(B, Hq, S, D), "k": mk(B, Hkv, S, D), "v": mk(B, Hkv, S, D),
-           "q_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16), "k_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16),
-           "o_weight": None}
-    out = K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=True, eps=1e-6,
-                             config=PERSIST["bn128-buf2-pipe-pingpong-persist-mat"])
-    for b in (0, B - 1):
-        sub = {**inp, "q": inp["q"][b:b + 1], "k": inp["k"][b:b + 1], "v": inp["v"][b:b + 1]}
-        r = T.check("fused", out[b:b + 1], sub, 1e-6, "causal")
-        assert r["ok"], (b, r)
+    check_int64(PERSIST["bn128-buf2-pipe-pingpong-persist-mat"])
 
 
 @pytest.mark.gpu
@@ -247,12 +222,6 @@ def test_persistent_matches_one_tile_per_cta_gpu(causal):
     inp = T.make_inputs(4096, 8, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=4)
     for name, twin in TWIN.items():
         for impl in ("fused", "attention"):
-            outs = []
-            for cfg in (PERSIST[name], ALL[twin]):
-                if impl == "fused":
-                    outs.append(K.qknorm_attention(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"],
-                                                   causal=causal, eps=1e-6, config=cfg).float())
-                else:
-                    outs.append(K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg).float())
+            outs = [run(impl, inp, causal, cfg).float() for cfg in (PERSIST[name], ALL[twin])]
             d = (outs[0] - outs[1]).abs().max().item()
             assert d <= 1e-2, (name, impl, d)
