@@ -198,14 +198,9 @@ def _turn_pass(cid: tl.constexpr):
 
 
 @triton.jit
-def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, row0, S,
-                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, COL_SCALE: tl.constexpr):
-    """Online-softmax step of the pipelined loop on one ``[BLOCK_M_SPLIT, BLOCK_N]`` fp32 score tile ``qk``:
-    column scale (``COL_SCALE``: ``rstd_k · log2(e)/sqrt(D)`` per key) or the scalar ``qk_scale`` folded into the
-    exponent's FMA (``exp2(qk · qk_scale - m)``, m in the scaled log2 domain), causal / sequence-end mask only when
-    the tile needs it. Returns ``(p fp32, m_new, l_new, alpha)``; the caller rescales its accumulator by alpha."""
-    if COL_SCALE:
-        qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
+def _mask_tile(qk, offs_m, offs_n, start_n, row0, S, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """``qk`` with the columns past S (and, causal, the keys after each query row) set to -inf — only on the tiles
+    that need it (the sequence-end tile and, causal, the tiles crossing the Q tile's diagonal at ``row0``)."""
     need_mask = start_n + BLOCK_N > S
     if CAUSAL:
         need_mask = need_mask | (start_n + BLOCK_N > row0 + 1)
@@ -214,6 +209,19 @@ def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, ro
         if CAUSAL:
             valid = valid & (offs_n[None, :] <= offs_m[:, None])
         qk = tl.where(valid, qk, float("-inf"))
+    return qk
+
+
+@triton.jit
+def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, row0, S,
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, COL_SCALE: tl.constexpr):
+    """Online-softmax step of the pipelined loop on one ``[BLOCK_M_SPLIT, BLOCK_N]`` fp32 score tile ``qk``:
+    column scale (``COL_SCALE``: ``rstd_k · log2(e)/sqrt(D)`` per key) or the scalar ``qk_scale`` folded into the
+    exponent's FMA (``exp2(qk · qk_scale - m)``, m in the scaled log2 domain), causal / sequence-end mask only when
+    the tile needs it. Returns ``(p fp32, m_new, l_new, alpha)``; the caller rescales its accumulator by alpha."""
+    if COL_SCALE:
+        qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
+    qk = _mask_tile(qk, offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)
     if COL_SCALE:
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_ij[:, None])
@@ -492,14 +500,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                             qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
                         else:  # attention, or K_NORM = "materialize" (k_n already normalized)
                             qk = qk * qk_scale
-                        need_mask = start_n + BLOCK_N > S
-                        if CAUSAL:
-                            need_mask = need_mask | (start_n + BLOCK_N > row0 + 1)
-                        if need_mask:
-                            valid = offs_n[None, :] < S
-                            if CAUSAL:
-                                valid = valid & (offs_n[None, :] <= offs_m[:, None])
-                            qk = tl.where(valid, qk, float("-inf"))
+                        qk = _mask_tile(qk, offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)
                         m_ij = tl.maximum(m_i, tl.max(qk, 1))
                         p = tl.math.exp2(qk - m_ij[:, None])
                         alpha = tl.math.exp2(m_i - m_ij)
