@@ -233,6 +233,7 @@ class TilingConfig(TilingConfigBase):
     STATS_WARPGROUP: bool = False
     STATS_REGS: int = 56
     STATS_IN_PRODUCER: bool = False
+    A_FROM_REGS: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors()
@@ -263,6 +264,12 @@ class TilingConfig(TilingConfigBase):
             if getattr(self, name) and self.REUSE_RSTD:
                 errors.append(f"{name}=True needs REUSE_RSTD=False (the statistic of every tile is computed off "
                               "the consumers' path; combining both is not implemented)")
+        if self.A_FROM_REGS and (self.REUSE_RSTD or self.stats_off_consumers):
+            errors.append("A_FROM_REGS=True needs REUSE_RSTD=False, STATS_WARPGROUP=False and STATS_IN_PRODUCER=False "
+                          "(the consumers take the statistic of every tile from the wgmma's register operand)")
+        if self.A_FROM_REGS and (self.rows_per_consumer != 64 or self.BLOCK_K != 64):
+            errors.append(f"A_FROM_REGS=True needs a [64, 64] A slice per consumer warpgroup (got "
+                          f"[{self.rows_per_consumer}, {self.BLOCK_K}]): the register layout is written for it")
         if self.STATS_WARPGROUP and self.STATS_IN_PRODUCER:
             errors.append("STATS_WARPGROUP and STATS_IN_PRODUCER are exclusive (who computes the statistics)")
         if self.STATS_WARPGROUP and self.BLOCK_N > 128:
@@ -344,6 +351,11 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
                                               CONSUMER_REGS=200),
     "stats_warpgroup_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, STATS_WARPGROUP=True, CONSUMER_REGS=192,
                                              STATS_REGS=56),
+    # the A slice read from shared memory once, into the wgmma's register operand, and the statistic taken from
+    # those registers (no second shared-memory pass over A; see TilingConfig.A_FROM_REGS)
+    "a_regs": TilingConfig(A_FROM_REGS=True),
+    "a_regs_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, A_FROM_REGS=True),
+    "a_regs_s4_subtile": TilingConfig(NUM_STAGES=4, EPILOGUE_SUBTILE=True, A_FROM_REGS=True),
 }
 # LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
 # with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the
@@ -356,6 +368,9 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     "ln_stats_producer_subtile": TilingConfig(EPILOGUE_SUBTILE=True, STATS_IN_PRODUCER=True, CONSUMER_REGS=200),
     "ln_stats_warpgroup_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, STATS_WARPGROUP=True, CONSUMER_REGS=192,
                                                 STATS_REGS=56),
+    # the shifted sums from the wgmma's register A operand, as the RMSNorm "a_regs*" configs
+    "ln_a_regs_subtile": TilingConfig(EPILOGUE_SUBTILE=True, A_FROM_REGS=True),
+    "ln_a_regs_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, A_FROM_REGS=True),
 }
 # ``lazy_layernorm_matmul(config=None)``: DEFAULT_CONFIG's tile with a half-size epilogue staging buffer, since the
 # LayerNorm epilogue's extra buffers do not fit beside DEFAULT_CONFIG's full one (235568 B > 232448 B).
@@ -365,6 +380,14 @@ DEFAULT_LN_CONFIG = SHIPPED_LN_CONFIGS["ln_subtile"]
 # ------------------------------------------------------------------------------------------------------------
 # Kernel
 # ------------------------------------------------------------------------------------------------------------
+# A_FROM_REGS: the register layout of the m64 k16 wgmma's A operand for one consumer warpgroup's [64, 64] A slice
+# (PTX ISA, "Register fragments: wgmma .m64nNk16", A): warp w holds rows 16w..16w+15; lane 4g + t holds rows g and
+# g + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each 16-column k-chunk (flat offset row * 64 + col). A slice loaded
+# in it feeds tlx.async_dot with no layout conversion (ldmatrix straight into the wgmma's operand registers), and a
+# row sum over it stays inside each quad of lanes (2 shuffles per row).
+_A_REGS_LAYOUT = tlx.layout(shape=((4, 8, 4), (2, 2, 2, 4)), stride=((2, 64, 1024), (1, 512, 8, 16)))
+
+
 @triton.jit
 def _tile_range(num_tiles, REUSE_RSTD: tl.constexpr):
     """This CTA's tile loop ``range(first, last, step)``; the producer and the consumers call it identically.
@@ -703,6 +726,7 @@ def _lazy_prenorm_ws_kernel(
     STATS_WARPGROUP: tl.constexpr = False,  # with FUSE_RMSNORM: the statistics in their own 4-warp task
     STATS_REGS: tl.constexpr = 56,  # STATS_WARPGROUP: setmaxnreg of that task
     STATS_IN_PRODUCER: tl.constexpr = False,  # with FUSE_RMSNORM: the statistics in the producer warpgroup
+    A_FROM_REGS: tl.constexpr = False,  # with FUSE_RMSNORM: A slice -> registers once, feeding wgmma and the stats
 ):
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup
     STAGE_BYTES: tl.constexpr = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(tlx.dtype_of(a_desc))
@@ -801,8 +825,23 @@ def _lazy_prenorm_ws_kernel(
                     phase = (it // NUM_STAGES) & 1
                     tlx.barrier_wait(full_bars[s], phase)
                     a_tile = a_bufs[cid * NUM_STAGES + s]
-                    acc = tlx.async_dot(a_tile, b_bufs[s], acc)
-                    if FUSE_RMSNORM and not STATS_TASK:
+                    if A_FROM_REGS:
+                        # One shared-memory read of the A slice (ldmatrix) serves the wgmma, as its register A
+                        # operand, and the statistics. (The pins are inline: a pinned value cannot be passed to a
+                        # jit helper.) K padding: TMA zero fill, masked for LayerNorm unless EVEN_K.
+                        a_reg = tlx.require_layout(tlx.local_load(a_tile), _A_REGS_LAYOUT)
+                        acc = tlx.async_dot(a_reg, b_bufs[s], acc)
+                        y = a_reg.to(tl.float32)
+                        if LAYERNORM:
+                            y -= tlx.require_layout(tl.broadcast_to(shift[:, None], (BM_C, BLOCK_K)), _A_REGS_LAYOUT)
+                            if not EVEN_K:
+                                cols = tl.broadcast_to((ki * BLOCK_K + tl.arange(0, BLOCK_K))[None, :], (BM_C, BLOCK_K))
+                                y = tl.where(tlx.require_layout(cols, _A_REGS_LAYOUT) < K, y, 0.0)
+                            s1 += tl.sum(y, axis=1)
+                        ss += tl.sum(y * y, axis=1)
+                    else:
+                        acc = tlx.async_dot(a_tile, b_bufs[s], acc)
+                    if FUSE_RMSNORM and not STATS_TASK and not A_FROM_REGS:
                         # Runs while the wgmma above is in flight; TMA zero-fills out-of-bounds K columns.
                         if LAYERNORM:  # shifted sums of y = a - shift (K padding masked: it would add -shift)
                             if REUSE_RSTD:
@@ -986,6 +1025,8 @@ def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int, ln_v
         kwargs.update(STATS_WARPGROUP=True, STATS_REGS=cfg.STATS_REGS)
     if fuse and cfg.STATS_IN_PRODUCER:  # (likewise: the GEMM's producer only loads)
         kwargs.update(STATS_IN_PRODUCER=True)
+    if fuse and cfg.A_FROM_REGS:  # (the GEMM of such a config is the plain shared-memory-operand one)
+        kwargs.update(A_FROM_REGS=True)
     return args, grid, kwargs
 
 
