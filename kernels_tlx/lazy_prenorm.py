@@ -215,6 +215,20 @@ class TilingConfig(TilingConfigBase):
             shares the 64 K register file with the consumers (CONSUMER_REGS) and the producer, so
             ``NUM_CONSUMERS * CONSUMER_REGS + STATS_REGS`` must leave the producer its minimum. Ignored unless
             STATS_WARPGROUP.
+        A_FROM_REGS: only the fused ops: each consumer loads its [64, 64] A slice once from shared memory (ldmatrix)
+            into the register layout of the wgmma's A operand, feeds the wgmma from registers and takes the
+            statistics from the same registers (no second shared-memory read of A). Needs BLOCK_K = 64,
+            REUSE_RSTD=False and no STATS_* option. The GEMM (``matmul``) of such a config is the plain one.
+        CLUSTER_SIZE: 1 (this module's kernel), or 2, 4, 8: the *cluster form* -- the ops run
+            ``kernels_tlx.multi_cta``'s kernel, a cluster of CLUSTER_SIZE CTAs along N covering the whole output row
+            (so it serves only ``(C - 1) * BLOCK_N < N <= C * BLOCK_N``; other N raise ValueError), each CTA
+            summing a^2 over 1/C of the K steps and the partial sums exchanged through DSMEM: the statistic is
+            computed once per row. RMSNorm only (the LayerNorm op raises ValueError); ``matmul`` runs the same
+            cluster schedule without the norm (``multi_cta.matmul_cluster``). GROUP_M is ignored; REUSE_RSTD,
+            A_FROM_REGS, STATS_* and LN_EPILOGUE_MMA=False are not allowed with it.
+        MULTICAST_A, STORE_DEFER: the cluster form's options of the same names (``kernels_tlx.multi_cta``: A
+            multicast across the cluster; output TMA store drained under the next tile's mainloop). Need
+            CLUSTER_SIZE > 1 (MULTICAST_A) / > 1 (STORE_DEFER).
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -234,6 +248,9 @@ class TilingConfig(TilingConfigBase):
     STATS_REGS: int = 56
     STATS_IN_PRODUCER: bool = False
     A_FROM_REGS: bool = False
+    CLUSTER_SIZE: int = 1
+    MULTICAST_A: bool = False
+    STORE_DEFER: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors()
@@ -270,6 +287,16 @@ class TilingConfig(TilingConfigBase):
         if self.A_FROM_REGS and (self.rows_per_consumer != 64 or self.BLOCK_K != 64):
             errors.append(f"A_FROM_REGS=True needs a [64, 64] A slice per consumer warpgroup (got "
                           f"[{self.rows_per_consumer}, {self.BLOCK_K}]): the register layout is written for it")
+        if self.CLUSTER_SIZE not in (1, 2, 4, 8):
+            errors.append(f"CLUSTER_SIZE={self.CLUSTER_SIZE} must be 1, 2, 4 or 8 (portable cluster sizes)")
+        elif self.CLUSTER_SIZE > 1:
+            # (the multi_cta.TilingConfig's own checks run when cluster_config() builds it: at the first call;
+            # building it here would import multi_cta, which imports this module, while the module loads)
+            if self.REUSE_RSTD or self.stats_off_consumers or self.A_FROM_REGS or not self.LN_EPILOGUE_MMA:
+                errors.append("CLUSTER_SIZE > 1 (the cluster form) takes no REUSE_RSTD, STATS_*, A_FROM_REGS or "
+                              "LN_EPILOGUE_MMA=False: its statistic is split across the cluster instead")
+        elif self.MULTICAST_A or self.STORE_DEFER:
+            errors.append("MULTICAST_A / STORE_DEFER are options of the cluster form: they need CLUSTER_SIZE > 1")
         if self.STATS_WARPGROUP and self.STATS_IN_PRODUCER:
             errors.append("STATS_WARPGROUP and STATS_IN_PRODUCER are exclusive (who computes the statistics)")
         if self.STATS_WARPGROUP and self.BLOCK_N > 128:
@@ -285,6 +312,20 @@ class TilingConfig(TilingConfigBase):
             raise ValueError("invalid TilingConfig: " + "; ".join(errors))
 
     # --- derived quantities -----------------------------------------------------------------------------
+    def cluster_config(self):
+        """CLUSTER_SIZE > 1: the equivalent ``kernels_tlx.multi_cta.TilingConfig`` (same tile, ring, registers)."""
+        from kernels_tlx import multi_cta  # (multi_cta imports this module)
+
+        return multi_cta.TilingConfig(
+            BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K, CLUSTER_SIZE=self.CLUSTER_SIZE,
+            NUM_STAGES=self.NUM_STAGES, NUM_CONSUMERS=self.NUM_CONSUMERS, PERSISTENT=self.PERSISTENT,
+            MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE, CONSUMER_REGS=self.CONSUMER_REGS,
+            STORE_DEFER=self.STORE_DEFER)
+
+    def supports(self, N: int) -> bool:
+        """False only for the cluster form at an N its cluster does not exactly cover."""
+        return self.CLUSTER_SIZE == 1 or self.cluster_config().supports(N)
+
     @property
     def rows_per_consumer(self) -> int:
         """Rows of the output tile owned by one consumer warpgroup (BLOCK_M // NUM_CONSUMERS)."""
@@ -356,6 +397,15 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "a_regs": TilingConfig(A_FROM_REGS=True),
     "a_regs_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, A_FROM_REGS=True),
     "a_regs_s4_subtile": TilingConfig(NUM_STAGES=4, EPILOGUE_SUBTILE=True, A_FROM_REGS=True),
+    # the cluster form (kernels_tlx.multi_cta's kernel; TilingConfig.CLUSTER_SIZE): c2 serves N in (256, 512], c4
+    # (768, 1024], c8 (1792, 2048]; the statistic split K-wise across the cluster, computed once per row
+    "cluster_c2": TilingConfig(CLUSTER_SIZE=2),
+    "cluster_c4": TilingConfig(CLUSTER_SIZE=4),
+    "cluster_c8": TilingConfig(CLUSTER_SIZE=8),
+    "cluster_c2_defer": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True),
+    "cluster_c4_defer": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True),
+    "cluster_c8_defer": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True),
+    "cluster_c8_mcast": TilingConfig(CLUSTER_SIZE=8, MULTICAST_A=True),
 }
 # LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
 # with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the
@@ -1032,6 +1082,15 @@ def _launch_args(a, b, c, eps, fuse: bool, cfg: TilingConfig, num_sms: int, ln_v
 
 def _run(a, b, eps, fuse: bool, config, ln_vectors=None) -> torch.Tensor:
     cfg = TilingConfig.from_dict(config)
+    if cfg.CLUSTER_SIZE > 1:  # the cluster form: kernels_tlx.multi_cta's kernel (TilingConfig.CLUSTER_SIZE)
+        from kernels_tlx import multi_cta
+
+        if ln_vectors is not None:
+            raise ValueError(f"CLUSTER_SIZE={cfg.CLUSTER_SIZE}: the cluster form implements RMSNorm only "
+                             "(use CLUSTER_SIZE=1 for lazy_layernorm_matmul)")
+        if fuse:
+            return multi_cta.lazy_rmsnorm_matmul(a, b, eps=eps, config=cfg.cluster_config())
+        return multi_cta.matmul_cluster(a, b, config=cfg.cluster_config())
     if ln_vectors is not None:
         M, N, K = _validate_ln(a, b, *ln_vectors, eps, cfg, need_cuda=True)
     else:
@@ -1203,6 +1262,12 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(ALL_OPS)}")
     fuse = op != "matmul"
     cfg = TilingConfig.from_dict(config)
+    if cfg.CLUSTER_SIZE > 1:  # the cluster form: its fused kernel is kernels_tlx.multi_cta's
+        if op != "lazy_rmsnorm_matmul":
+            raise ValueError(f"compile_sm90: a CLUSTER_SIZE > 1 config compiles only lazy_rmsnorm_matmul, not {op!r}")
+        from kernels_tlx import multi_cta
+
+        return multi_cta.compile_sm90(op, a, b, eps=eps, config=cfg.cluster_config())
     ln_vectors = None
     if op == LN_OP:
         if isinstance(b, torch.Tensor) and b.dim() == 2:
@@ -1241,6 +1306,10 @@ _CHECK_SHAPES = [  # (M, N, K): a block-aligned shape first, then partial/empty 
     (17793, 1000, 1000),
     (262144, 1024, 1024),  # blog benchmark shape, persistent loop of 62 tiles per CTA
 ]
+# the cluster form (CLUSTER_SIZE > 1) serves one N range per cluster size; these give c2 / c4 / c8 (BLOCK_N 256)
+# partial last column slices, M = 1, partial M-tiles, K < BLOCK_K and K tails; _CHECK_SHAPES add N = 1000 for c4
+_CLUSTER_CHECK_SHAPES = [(1, 488, 1000), (129, 488, 8), (1000, 512, 72), (17793, 2024, 1000), (257, 2048, 520),
+                         (1000, 1800, 8)]
 _BENCH_SHAPES = [(262144, 1024, 1024), (8192, 8192, 8192)]
 # LayerNorm: mean-shifted inputs (the one-pass statistics and the epilogue's cancellation), (M, N, K, mean_shift)
 _LN_SHIFT_CASES = [(4096, 1024, 1024, 10.0), (1000, 1000, 1000, 100.0), (17793, 1000, 1000, 10.0)]
@@ -1318,7 +1387,8 @@ def _self_check(argv=None) -> int:
     for variant, name in runs:
         cfg = shipped[variant][name]
         fused_op = "lazy_layernorm_matmul" if variant == "layernorm" else "lazy_rmsnorm_matmul"
-        cases = [(M, N, K, 0.0) for (M, N, K) in shapes]
+        cases = [(M, N, K, 0.0) for (M, N, K) in shapes + (_CLUSTER_CHECK_SHAPES if cfg.CLUSTER_SIZE > 1 else [])
+                 if cfg.supports(N)]
         if variant == "layernorm":
             cases += _LN_SHIFT_CASES
         for (M, N, K, shift) in cases:

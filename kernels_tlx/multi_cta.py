@@ -165,8 +165,8 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 8 = Hopper's portable limit; 16 needs the non-portable attribute (set here)
 MAX_BLOCK_N = 256  # wgmma N / TMA box / register accumulator
 MIN_BLOCK_N = 32
-OPS = ("matmul_rmsnorm", "matmul_layernorm", "matmul")
-_NORM_OF_OP = {"matmul_rmsnorm": "rms", "matmul_layernorm": "layer"}
+OPS = ("matmul_rmsnorm", "matmul_layernorm", "matmul", "lazy_rmsnorm_matmul")
+_NORM_OF_OP = {"matmul_rmsnorm": "rms", "matmul_layernorm": "layer", "lazy_rmsnorm_matmul": "lazy_rms"}
 _PRODUCER_WARPS = _lp._PRODUCER_WARPS
 _NUM_DSMEM_BUFFERS = 2  # double-buffered exchange slots (see the module docstring: sufficient for WAR)
 # PINGPONG named barriers (256 threads: both consumer warpgroups): consumer 0 waits on _PP_BAR0 before its
@@ -486,7 +486,7 @@ def _multi_cta_norm_kernel(
     CLUSTER_SIZE: tl.constexpr,
     MULTICAST_A: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
-    NORM: tl.constexpr,  # "rms" | "layer" | "none" (the same kernel without the norm: a cluster-schedule GEMM)
+    NORM: tl.constexpr,  # "rms" | "layer" | "none" (no norm: a cluster-schedule GEMM) | "lazy_rms" (Lazy Pre-Norm)
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     LN_PACKED: tl.constexpr = False,  # TilingConfig.LN_PACKED (LayerNorm only)
@@ -501,6 +501,11 @@ def _multi_cta_norm_kernel(
     A_STAGE_ROWS: tl.constexpr = BM_C if PINGPONG else BLOCK_M  # PINGPONG: a stage feeds one consumer
     STAGE_BYTES: tl.constexpr = (A_STAGE_ROWS * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(DT)
     NSTAT: tl.constexpr = 2 if NORM == "layer" else 1
+    # "lazy_rms": y = rstd(A) * (A @ B_folded), the statistic of the *input* rows: CTA `rank` sums a^2 over its
+    # 1/C share of the K steps (ki % C == rank) of the A tile every CTA of the cluster loads anyway, and the RMSNorm
+    # exchange below completes it (divisor K instead of N)
+    LAZY: tl.constexpr = NORM == "lazy_rms"
+    RMS_LIKE: tl.constexpr = NORM == "rms" or LAZY
     NB: tl.constexpr = 2  # exchange buffers (_NUM_DSMEM_BUFFERS)
     EXCHANGE: tl.constexpr = C > 1 and NORM != "none"
     PACKED: tl.constexpr = LN_PACKED and NORM == "layer"  # one int64 (sum, M2) word per row and peer
@@ -621,6 +626,8 @@ def _multi_cta_norm_kernel(
             for pid_m in range(cluster_id, num_pid_m, num_clusters):
                 off_cm = pid_m * BLOCK_M + cid * BM_C
                 acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
+                if LAZY:
+                    ss = tl.zeros([BM_C], dtype=tl.float32)
                 s_prev = 0
                 if PINGPONG:  # my turn on the tensor cores: the other warpgroup has issued its whole mainloop
                     if cid == 0:
@@ -635,6 +642,10 @@ def _multi_cta_norm_kernel(
                         acc = tlx.async_dot(a_bufs[s], b_bufs[s], acc)
                     else:
                         acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
+                    if LAZY:
+                        if ki % C == rank:  # while the wgmma is in flight; TMA zero-fills the K tail (adds 0)
+                            x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
+                            ss += tl.sum(x * x, axis=1)
                     acc = tlx.async_dot_wait(1, acc)  # the previous wgmma has retired: release its slot
                     if ki > 0:
                         if MULTICAST_A:  # the slot is refilled by every CTA's multicast: release it everywhere
@@ -669,6 +680,8 @@ def _multi_cta_norm_kernel(
                     # 1. per-row partials of this CTA's columns (TMA zero-filled acc past N: adds nothing)
                     if NORM == "rms":
                         p0 = tl.sum(acc * acc, axis=1)
+                    elif LAZY:
+                        p0 = ss
                     elif LN_PACKED and EVEN_N:
                         p0, p1 = _ln_partials_full(acc, BM_C, BLOCK_N)
                     else:
@@ -728,11 +741,11 @@ def _multi_cta_norm_kernel(
                                                                  remote_cta_rank=p, barrier=bar)
                         tlx.barrier_wait(bar, (t // NB) & 1)
                         # 3. rank-order combine: identical fp32 sums in every CTA, every run
-                        if NORM == "rms":
+                        if RMS_LIKE:
                             total = tl.zeros([BM_C], dtype=tl.float32)
                             for r in tl.static_range(C):
                                 total += tlx.local_load(slots[base + r])
-                            rstd = tl.math.rsqrt(total / N + eps)
+                            rstd = tl.math.rsqrt(total / (K if LAZY else N) + eps)
                         else:
                             total = tl.zeros([BM_C], dtype=tl.float32)
                             for r in tl.static_range(C):
@@ -745,13 +758,13 @@ def _multi_cta_norm_kernel(
                                 m2 += tlx.local_load(slots[base + C + r]) + n_r * dm * dm
                             rstd = tl.math.rsqrt(m2 / N + eps)
                     else:
-                        if NORM == "rms":
-                            rstd = tl.math.rsqrt(p0 / N + eps)
+                        if RMS_LIKE:
+                            rstd = tl.math.rsqrt(p0 / (K if LAZY else N) + eps)
                         else:
                             mean = p0 / N  # n_local == N: p1 is the centred sum of squares of the whole row
                             rstd = tl.math.rsqrt(p1 / N + eps)
                     # 4. normalize the fp32 accumulator, affine, statistics (rank 0)
-                    if NORM == "rms":
+                    if RMS_LIKE:
                         y = acc * rstd[:, None]
                     elif LN_PACKED:
                         y = acc * rstd[:, None] - (mean * rstd)[:, None]  # one FMA per element
@@ -1014,6 +1027,41 @@ def matmul_cluster(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Te
     of the norm epilogue and exchange; this minus ``matmul`` the cost of the cluster schedule). Args as
     ``matmul_rmsnorm``; returns ``y [M, N]``."""
     y, _, _ = _run(a, b, None, None, None, "none", config)
+    return y
+
+
+def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float = 1e-6,
+                        config=None) -> torch.Tensor:
+    """Lazy Pre-Norm on the cluster schedule: ``y = rmsnorm(a) @ b_folded = rstd(a) * (a @ b_folded)``, with the
+    per-row sum of squares of ``a`` split K-wise across the thread-block cluster that covers the output row.
+
+    Every CTA of a C-CTA cluster computes one ``[BLOCK_M, N / C]`` slice of the same M-tile, so it streams the same
+    A tile; CTA ``rank`` adds up ``a^2`` only over the K steps ``ki % C == rank`` (from the A slice in shared
+    memory, while its wgmma runs), and the RMSNorm DSMEM all-to-all of ``matmul_rmsnorm`` completes the sum in rank
+    order (deterministic). The statistic is thus computed exactly once per row -- no ``N / BLOCK_N``-fold
+    redundancy as in ``kernels_tlx.lazy_prenorm`` -- while the CTAs walk M-tiles with the whole (L2-resident) B.
+
+    Args:
+        a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA, 16-byte aligned (K multiple of 8).
+        b_folded: ``[K, N]`` same dtype, ``diag(gamma) @ B`` (N multiple of 8; N <= CLUSTER_SIZE * BLOCK_N).
+        eps: added to the mean square (finite, > 0).
+        config: this module's ``TilingConfig`` (or dict / None for ``DEFAULT_CONFIG``); PINGPONG is not supported.
+
+    Returns:
+        ``y [M, N]`` of a's dtype.
+
+    Raises:
+        ValueError: as ``matmul_rmsnorm`` (incl. a config whose cluster cannot cover N), and PINGPONG=True;
+        TypeError: bad dtypes; NotImplementedError: inputs requiring grad with grad mode on.
+
+    Sources: Lazy Pre-Norm and multi-CTA norm fusion, PyTorch blog "Towards Free Normalization",
+    https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
+    (the K-wise split of the statistic across the cluster is our Hopper variant).
+    """
+    check_forward_only("multi_cta.lazy_rmsnorm_matmul", a=a, b_folded=b_folded)
+    if TilingConfig.from_dict(config).PINGPONG:
+        raise ValueError("lazy_rmsnorm_matmul: PINGPONG=True is not supported (the cooperative ring only)")
+    y, _, _ = _run(a, b_folded, None, None, eps, "lazy_rms", config)
     return y
 
 
