@@ -222,10 +222,12 @@ class TilingConfig(TilingConfigBase):
         CLUSTER_SIZE: 1 (this module's kernel), or 2, 4, 8: the *cluster form* -- the ops run
             ``kernels_tlx.multi_cta``'s kernel, a cluster of CLUSTER_SIZE CTAs along N covering the whole output row
             (so it serves only ``(C - 1) * BLOCK_N < N <= C * BLOCK_N``; other N raise ValueError), each CTA
-            summing a^2 over 1/C of the K steps and the partial sums exchanged through DSMEM: the statistic is
-            computed once per row. RMSNorm only (the LayerNorm op raises ValueError); ``matmul`` runs the same
-            cluster schedule without the norm (``multi_cta.matmul_cluster``). GROUP_M is ignored; REUSE_RSTD,
-            A_FROM_REGS, STATS_* and LN_EPILOGUE_MMA=False are not allowed with it.
+            summing a^2 (LayerNorm: the shifted sums S1, S2) over 1/C of the K steps and the partial sums exchanged
+            through DSMEM: the statistic is computed once per row. The LayerNorm op's epilogue there is the fp32
+            ``acc * rstd - rstd * mean * colsum + beta_b`` per column quarter (``multi_cta.lazy_layernorm_matmul``;
+            LN_EPILOGUE_MMA does not apply); ``matmul`` runs the same cluster schedule without the norm
+            (``multi_cta.matmul_cluster``). GROUP_M is ignored; REUSE_RSTD, A_FROM_REGS, STATS_* and
+            LN_EPILOGUE_MMA=False are not allowed with it.
         MULTICAST_A, STORE_DEFER: the cluster form's options of the same names (``kernels_tlx.multi_cta``: A
             multicast across the cluster; output TMA store drained under the next tile's mainloop). Need
             CLUSTER_SIZE > 1 (MULTICAST_A) / > 1 (STORE_DEFER).
@@ -421,6 +423,15 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     # the shifted sums from the wgmma's register A operand, as the RMSNorm "a_regs*" configs
     "ln_a_regs_subtile": TilingConfig(EPILOGUE_SUBTILE=True, A_FROM_REGS=True),
     "ln_a_regs_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, A_FROM_REGS=True),
+    # the cluster form (TilingConfig.CLUSTER_SIZE; kernels_tlx.multi_cta.lazy_layernorm_matmul): c2 serves N in
+    # (256, 512], c4 (768, 1024], c8 (1792, 2048]; the shifted sums split K-wise across the cluster, the epilogue in
+    # fp32 (no extra MMA, so no EPILOGUE_SUBTILE needed: 217-230 KB of shared memory at BLOCK_N 256, 3 stages)
+    "ln_cluster_c2": TilingConfig(CLUSTER_SIZE=2),
+    "ln_cluster_c4": TilingConfig(CLUSTER_SIZE=4),
+    "ln_cluster_c8": TilingConfig(CLUSTER_SIZE=8),
+    "ln_cluster_c2_defer": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True),
+    "ln_cluster_c4_defer": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True),
+    "ln_cluster_c8_defer": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True),
 }
 # ``lazy_layernorm_matmul(config=None)``: DEFAULT_CONFIG's tile with a half-size epilogue staging buffer, since the
 # LayerNorm epilogue's extra buffers do not fit beside DEFAULT_CONFIG's full one (235568 B > 232448 B).
@@ -1085,9 +1096,8 @@ def _run(a, b, eps, fuse: bool, config, ln_vectors=None) -> torch.Tensor:
     if cfg.CLUSTER_SIZE > 1:  # the cluster form: kernels_tlx.multi_cta's kernel (TilingConfig.CLUSTER_SIZE)
         from kernels_tlx import multi_cta
 
-        if ln_vectors is not None:
-            raise ValueError(f"CLUSTER_SIZE={cfg.CLUSTER_SIZE}: the cluster form implements RMSNorm only "
-                             "(use CLUSTER_SIZE=1 for lazy_layernorm_matmul)")
+        if ln_vectors is not None:  # (validated there: the fp32 vectors, and shared memory by block_n)
+            return multi_cta.lazy_layernorm_matmul(a, b, *ln_vectors, eps=eps, config=cfg.cluster_config())
         if fuse:
             return multi_cta.lazy_rmsnorm_matmul(a, b, eps=eps, config=cfg.cluster_config())
         return multi_cta.matmul_cluster(a, b, config=cfg.cluster_config())
@@ -1262,11 +1272,14 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(ALL_OPS)}")
     fuse = op != "matmul"
     cfg = TilingConfig.from_dict(config)
-    if cfg.CLUSTER_SIZE > 1:  # the cluster form: its fused kernel is kernels_tlx.multi_cta's
-        if op != "lazy_rmsnorm_matmul":
-            raise ValueError(f"compile_sm90: a CLUSTER_SIZE > 1 config compiles only lazy_rmsnorm_matmul, not {op!r}")
+    if cfg.CLUSTER_SIZE > 1:  # the cluster form: its fused kernels are kernels_tlx.multi_cta's
         from kernels_tlx import multi_cta
 
+        if op == "matmul":  # its GEMM: the same cluster schedule without the norm (multi_cta.matmul_cluster)
+            return multi_cta.compile_sm90("matmul_cluster", a, b, config=cfg.cluster_config())
+        if op == LN_OP:
+            return multi_cta.compile_sm90(op, a, b, eps=eps, config=cfg.cluster_config(), colsum=colsum,
+                                          beta_b=beta_b)
         return multi_cta.compile_sm90(op, a, b, eps=eps, config=cfg.cluster_config())
     ln_vectors = None
     if op == LN_OP:
@@ -1308,11 +1321,16 @@ _CHECK_SHAPES = [  # (M, N, K): a block-aligned shape first, then partial/empty 
 ]
 # the cluster form (CLUSTER_SIZE > 1) serves one N range per cluster size; these give c2 / c4 / c8 (BLOCK_N 256)
 # partial last column slices, M = 1, partial M-tiles, K < BLOCK_K and K tails; _CHECK_SHAPES add N = 1000 for c4
+# (c4 at N = 776: the last rank owns 8 columns, K < BLOCK_K; c8 at M = 1 with a K tail)
 _CLUSTER_CHECK_SHAPES = [(1, 488, 1000), (129, 488, 8), (1000, 512, 72), (17793, 2024, 1000), (257, 2048, 520),
-                         (1000, 1800, 8)]
+                         (1000, 1800, 8), (129, 776, 8), (1, 1800, 72)]
 _BENCH_SHAPES = [(262144, 1024, 1024), (8192, 8192, 8192)]
-# LayerNorm: mean-shifted inputs (the one-pass statistics and the epilogue's cancellation), (M, N, K, mean_shift)
+# LayerNorm: mean-shifted inputs (the one-pass statistics and the epilogue's cancellation), (M, N, K, mean_shift);
+# each config runs those it supports (the cluster form: c4 the N = 1000 / 1024 ones), the cluster form also
+# _LN_CLUSTER_SHIFT_CASES (c2: N = 488, c8: N = 2024; K tails, a last M-tile of 1 row)
 _LN_SHIFT_CASES = [(4096, 1024, 1024, 10.0), (1000, 1000, 1000, 100.0), (17793, 1000, 1000, 10.0)]
+_LN_CLUSTER_SHIFT_CASES = [(1000, 488, 1000, 100.0), (17793, 488, 520, 10.0), (4096, 2024, 1000, 100.0),
+                           (17793, 2024, 520, 10.0)]
 _DEVICE = "cuda"  # the CPU dry-run test of _self_check swaps in "cpu" and fake kernels
 _EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 
@@ -1390,7 +1408,8 @@ def _self_check(argv=None) -> int:
         cases = [(M, N, K, 0.0) for (M, N, K) in shapes + (_CLUSTER_CHECK_SHAPES if cfg.CLUSTER_SIZE > 1 else [])
                  if cfg.supports(N)]
         if variant == "layernorm":
-            cases += _LN_SHIFT_CASES
+            cases += [c for c in _LN_SHIFT_CASES + (_LN_CLUSTER_SHIFT_CASES if cfg.CLUSTER_SIZE > 1 else [])
+                      if cfg.supports(c[1])]
         for (M, N, K, shift) in cases:
             inp, ref_m, tol_m, ref_f, tol_f, eps = case(variant, M, N, K, shift)
             a, bf = inp["a"], inp["b_folded"]
@@ -1443,6 +1462,9 @@ def _self_check(argv=None) -> int:
                     t_norm = bench("torch eager rmsnorm (no GEMM)", lambda: _spec.rmsnorm(a, eps), norm_only=True)
                 for name in names:
                     cfg = shipped[variant][name]
+                    if not cfg.supports(N):  # the cluster form serves one N range (TilingConfig.CLUSTER_SIZE)
+                        print(f"{'':40s} [{name}] does not serve N={N}: not timed", flush=True)
+                        continue
                     t_g = bench(f"tlx matmul [{name}]", lambda: matmul(a, bf, config=cfg))
                     t_f = bench(f"tlx fused  [{name}]", fused_call(variant, inp, eps, cfg))
                     print(f"{'':40s} fused - gemm = {(t_f - t_g) * 1e3:.1f} us "

@@ -165,8 +165,9 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 8 = Hopper's portable limit; 16 needs the non-portable attribute (set here)
 MAX_BLOCK_N = 256  # wgmma N / TMA box / register accumulator
 MIN_BLOCK_N = 32
-OPS = ("matmul_rmsnorm", "matmul_layernorm", "matmul", "lazy_rmsnorm_matmul")
-_NORM_OF_OP = {"matmul_rmsnorm": "rms", "matmul_layernorm": "layer", "lazy_rmsnorm_matmul": "lazy_rms"}
+OPS = ("matmul_rmsnorm", "matmul_layernorm", "matmul", "lazy_rmsnorm_matmul", "lazy_layernorm_matmul")
+_NORM_OF_OP = {"matmul_rmsnorm": "rms", "matmul_layernorm": "layer", "lazy_rmsnorm_matmul": "lazy_rms",
+               "lazy_layernorm_matmul": "lazy_layer"}
 _PRODUCER_WARPS = _lp._PRODUCER_WARPS
 _NUM_DSMEM_BUFFERS = 2  # double-buffered exchange slots (see the module docstring: sufficient for WAR)
 # PINGPONG named barriers (256 threads: both consumer warpgroups): consumer 0 waits on _PP_BAR0 before its
@@ -437,6 +438,32 @@ def _affine_half(y, w_ptr, bias_ptr, off, N, live, ROWS: tl.constexpr, WIDTH: tl
     return y
 
 
+# "lazy_layer": the shifted sums of one A slice (Lazy Pre-Norm LayerNorm's, K tail masked unless EVEN_K)
+_ln_tile_stats = _lp._ln_tile_stats
+
+
+@triton.jit
+def _lazy_ln_cols(acc, rstd, rm, colsum_ptr, betab_ptr, off, N, live, WIDTH: tl.constexpr):
+    """"lazy_layer" epilogue of one [rows, WIDTH] column chunk at column ``off``: ``acc * rstd - rm * colsum +
+    beta_b`` in fp32 (``rm = rstd * mean``; the fp32 colsum / beta_b of columns past N read 0 and are never
+    stored). ``live`` as in ``_affine`` (keeps the vector loads inside the persistent tile loop)."""
+    cols = off + tl.arange(0, WIDTH)
+    ok = (cols < N) & live
+    cs = tl.load(colsum_ptr + cols, mask=ok, other=0.0)
+    bb = tl.load(betab_ptr + cols, mask=ok, other=0.0)
+    return acc * rstd[:, None] - rm[:, None] * cs[None, :] + bb[None, :]
+
+
+@triton.jit
+def _lazy_ln_half(acc, rstd, rm, colsum_ptr, betab_ptr, off, N, live, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """``_lazy_ln_cols`` of a [ROWS, WIDTH] column half, one column quarter at a time (two fp32 vectors per
+    column, as ``_affine_half`` with weight and bias)."""
+    q0, q1 = _split_cols(acc, ROWS, WIDTH)
+    q0 = _lazy_ln_cols(q0, rstd, rm, colsum_ptr, betab_ptr, off, N, live, WIDTH // 2)
+    q1 = _lazy_ln_cols(q1, rstd, rm, colsum_ptr, betab_ptr, off + WIDTH // 2, N, live, WIDTH // 2)
+    return _join_cols(q0, q1, ROWS, WIDTH)
+
+
 @triton.jit
 def _pack_f32x2(lo, hi):
     """Two fp32 [R] -> one int64 [R] (``lo`` in the low word): the LN_PACKED exchange word."""
@@ -469,9 +496,9 @@ def _multi_cta_norm_kernel(
     a_desc,  # TMA descriptor of A [M, K], block [64 (/ C with MULTICAST_A), BLOCK_K]
     b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
     c_desc,  # TMA descriptor of Y [M, N], block [64, BLOCK_N (// 2 with EPILOGUE_SUBTILE)]
-    w_ptr,  # weight [N] (unused unless HAS_W)
-    bias_ptr,  # bias [N] (unused unless HAS_B)
-    mean_ptr,  # fp32 [M] (LayerNorm)
+    w_ptr,  # weight [N] (unused unless HAS_W); "lazy_layer": colsum, fp32 [N]
+    bias_ptr,  # bias [N] (unused unless HAS_B); "lazy_layer": beta_b, fp32 [N]
+    mean_ptr,  # fp32 [M] (LayerNorm, "lazy_layer")
     rstd_ptr,  # fp32 [M]
     M,
     N,
@@ -486,13 +513,15 @@ def _multi_cta_norm_kernel(
     CLUSTER_SIZE: tl.constexpr,
     MULTICAST_A: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
-    NORM: tl.constexpr,  # "rms" | "layer" | "none" (no norm: a cluster-schedule GEMM) | "lazy_rms" (Lazy Pre-Norm)
+    NORM: tl.constexpr,  # "rms" | "layer" | "none" (no norm: a cluster-schedule GEMM) | "lazy_rms" | "lazy_layer"
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     LN_PACKED: tl.constexpr = False,  # TilingConfig.LN_PACKED (LayerNorm only)
     EVEN_N: tl.constexpr = False,  # N == CLUSTER_SIZE * BLOCK_N: every rank owns BLOCK_N valid columns
     STORE_DEFER: tl.constexpr = False,  # TilingConfig.STORE_DEFER
     PINGPONG: tl.constexpr = False,  # TilingConfig.PINGPONG
+    a_ptr=None,  # "lazy_layer": A [M, K] itself, for the per-row shift A[:, 0]
+    EVEN_K: tl.constexpr = False,  # "lazy_layer": K % BLOCK_K == 0 (no K-tail mask in the shifted sums)
 ):
     C: tl.constexpr = CLUSTER_SIZE
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup (64)
@@ -500,12 +529,17 @@ def _multi_cta_norm_kernel(
     DT: tl.constexpr = tlx.dtype_of(a_desc)
     A_STAGE_ROWS: tl.constexpr = BM_C if PINGPONG else BLOCK_M  # PINGPONG: a stage feeds one consumer
     STAGE_BYTES: tl.constexpr = (A_STAGE_ROWS * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(DT)
-    NSTAT: tl.constexpr = 2 if NORM == "layer" else 1
+    NSTAT: tl.constexpr = 2 if (NORM == "layer" or NORM == "lazy_layer") else 1
     # "lazy_rms": y = rstd(A) * (A @ B_folded), the statistic of the *input* rows: CTA `rank` sums a^2 over its
     # 1/C share of the K steps (ki % C == rank) of the A tile every CTA of the cluster loads anyway, and the RMSNorm
     # exchange below completes it (divisor K instead of N)
     LAZY: tl.constexpr = NORM == "lazy_rms"
     RMS_LIKE: tl.constexpr = NORM == "rms" or LAZY
+    # "lazy_layer": y = rstd * (A @ B_folded) - (rstd * mean) * colsum + beta_b (Lazy Pre-Norm LayerNorm). CTA
+    # `rank` accumulates the shifted sums S1 = sum (a - c), S2 = sum (a - c)^2 over its K steps ki % C == rank, c =
+    # A[row, 0] (loaded by every CTA: the same shift, so the CTAs' partial sums simply add); the NSTAT == 2
+    # exchange carries (S1, S2), summed in rank order; mean = c + S1/K, var = max(S2/K - (S1/K)^2, 0)
+    LAZY_LN: tl.constexpr = NORM == "lazy_layer"
     NB: tl.constexpr = 2  # exchange buffers (_NUM_DSMEM_BUFFERS)
     EXCHANGE: tl.constexpr = C > 1 and NORM != "none"
     PACKED: tl.constexpr = LN_PACKED and NORM == "layer"  # one int64 (sum, M2) word per row and peer
@@ -628,6 +662,13 @@ def _multi_cta_norm_kernel(
                 acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
                 if LAZY:
                     ss = tl.zeros([BM_C], dtype=tl.float32)
+                if LAZY_LN:
+                    # per-row shift = the first element of each row of this consumer's A box (the box starts at
+                    # the producer's clamped row; rows past M read 0, matching TMA's zero fill)
+                    srows = tl.minimum(off_cm, M - 1) + tl.arange(0, BM_C)
+                    shift = tl.load(a_ptr + srows.to(tl.int64) * K, mask=srows < M, other=0.0).to(tl.float32)
+                    s1 = tl.zeros([BM_C], dtype=tl.float32)
+                    s2 = tl.zeros([BM_C], dtype=tl.float32)
                 s_prev = 0
                 if PINGPONG:  # my turn on the tensor cores: the other warpgroup has issued its whole mainloop
                     if cid == 0:
@@ -646,6 +687,12 @@ def _multi_cta_norm_kernel(
                         if ki % C == rank:  # while the wgmma is in flight; TMA zero-fills the K tail (adds 0)
                             x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
                             ss += tl.sum(x * x, axis=1)
+                    if LAZY_LN:
+                        if ki % C == rank:  # (the K tail, zero-filled by TMA, would add -shift: masked)
+                            q1, q2 = _ln_tile_stats(a_bufs[cid * NUM_STAGES + s], shift, ki * BLOCK_K, K, BLOCK_K,
+                                                    EVEN_K)
+                            s1 += q1
+                            s2 += q2
                     acc = tlx.async_dot_wait(1, acc)  # the previous wgmma has retired: release its slot
                     if ki > 0:
                         if MULTICAST_A:  # the slot is refilled by every CTA's multicast: release it everywhere
@@ -682,6 +729,9 @@ def _multi_cta_norm_kernel(
                         p0 = tl.sum(acc * acc, axis=1)
                     elif LAZY:
                         p0 = ss
+                    elif LAZY_LN:
+                        p0 = s1
+                        p1 = s2
                     elif LN_PACKED and EVEN_N:
                         p0, p1 = _ln_partials_full(acc, BM_C, BLOCK_N)
                     else:
@@ -746,6 +796,15 @@ def _multi_cta_norm_kernel(
                             for r in tl.static_range(C):
                                 total += tlx.local_load(slots[base + r])
                             rstd = tl.math.rsqrt(total / (K if LAZY else N) + eps)
+                        elif LAZY_LN:  # the shifted partial sums of all ranks add (same shift)
+                            t1 = tl.zeros([BM_C], dtype=tl.float32)
+                            t2 = tl.zeros([BM_C], dtype=tl.float32)
+                            for r in tl.static_range(C):
+                                t1 += tlx.local_load(slots[base + r])
+                                t2 += tlx.local_load(slots[base + C + r])
+                            d = t1 / K
+                            mean = shift + d
+                            rstd = tl.math.rsqrt(tl.maximum(t2 / K - d * d, 0.0) + eps)
                         else:
                             total = tl.zeros([BM_C], dtype=tl.float32)
                             for r in tl.static_range(C):
@@ -760,12 +819,18 @@ def _multi_cta_norm_kernel(
                     else:
                         if RMS_LIKE:
                             rstd = tl.math.rsqrt(p0 / (K if LAZY else N) + eps)
+                        elif LAZY_LN:
+                            d = p0 / K
+                            mean = shift + d
+                            rstd = tl.math.rsqrt(tl.maximum(p1 / K - d * d, 0.0) + eps)
                         else:
                             mean = p0 / N  # n_local == N: p1 is the centred sum of squares of the whole row
                             rstd = tl.math.rsqrt(p1 / N + eps)
                     # 4. normalize the fp32 accumulator, affine, statistics (rank 0)
                     if RMS_LIKE:
                         y = acc * rstd[:, None]
+                    elif LAZY_LN:
+                        y = acc  # normalized with the colsum / beta_b correction per column chunk below
                     elif LN_PACKED:
                         y = acc * rstd[:, None] - (mean * rstd)[:, None]  # one FMA per element
                     else:
@@ -776,14 +841,20 @@ def _multi_cta_norm_kernel(
                     else:
                         stat_ok = rows < M
                     tl.store(rstd_ptr + rows, rstd, mask=stat_ok)
-                    if NORM == "layer":
+                    if NORM == "layer" or LAZY_LN:
                         tl.store(mean_ptr + rows, mean, mask=stat_ok)
                     t += 1
                 AFFINE: tl.constexpr = HAS_W or HAS_B
-                if EPILOGUE_SUBTILE or AFFINE:
+                if EPILOGUE_SUBTILE or AFFINE or LAZY_LN:
                     # column halves (register-level splits of the accumulator layout), the affine per half/quarter
                     y_lo, y_hi = _split_cols(y, BM_C, BLOCK_N)
-                    if AFFINE:
+                    if LAZY_LN:  # y = acc * rstd - (rstd * mean) * colsum + beta_b, fp32, one column quarter at a time
+                        live = off_cm < M
+                        rm = rstd * mean
+                        y_lo = _lazy_ln_half(y_lo, rstd, rm, w_ptr, bias_ptr, off_n, N, live, BM_C, BLOCK_N // 2)
+                        y_hi = _lazy_ln_half(y_hi, rstd, rm, w_ptr, bias_ptr, off_n + BLOCK_N // 2, N, live, BM_C,
+                                             BLOCK_N // 2)
+                    elif AFFINE:
                         live = off_cm < M  # per tile: see _affine
                         y_lo = _affine_half(y_lo, w_ptr, bias_ptr, off_n, N, live, BM_C, BLOCK_N // 2, HAS_W, HAS_B)
                         y_hi = _affine_half(y_hi, w_ptr, bias_ptr, off_n + BLOCK_N // 2, N, live, BM_C, BLOCK_N // 2,
@@ -841,9 +912,10 @@ def _validate(a, b, weight, bias, eps, norm: str, *, need_cuda: bool) -> tuple[i
     return M, N, K
 
 
-def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda: bool):
+def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda: bool, ln_vectors=None):
     """Validate, allocate the outputs and build the descriptors and launch arguments (grid not final: the
-    persistent cluster count needs the compiled kernel, ``_grid``)."""
+    persistent cluster count needs the compiled kernel, ``_grid``). ``ln_vectors``: ``(colsum, beta_b)`` of the
+    "lazy_layer" norm (validated by the caller; None allocates empty ones: compile-only and occupancy queries)."""
     M, N, K = _validate(a, b, weight, bias, eps, norm, need_cuda=False)
     bn = cfg.block_n(N)  # ValueError naming the limit if the cluster cannot cover N (before the device check)
     if need_cuda and a.device.type != "cuda":
@@ -852,7 +924,8 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
     bm_c = cfg.rows_per_consumer
     y = torch.empty((M, N), dtype=a.dtype, device=a.device)
     rstd = torch.empty(M, dtype=torch.float32, device=a.device) if norm != "none" else y
-    mean = torch.empty(M, dtype=torch.float32, device=a.device) if norm == "layer" else rstd
+    has_mean = norm in ("layer", "lazy_layer")
+    mean = torch.empty(M, dtype=torch.float32, device=a.device) if has_mean else rstd
     a_desc = TensorDescriptor.from_tensor(a, [bm_c // C if cfg.MULTICAST_A else bm_c, cfg.BLOCK_K])
     b_desc = TensorDescriptor.from_tensor(b, [cfg.BLOCK_K, bn])
     c_desc = TensorDescriptor.from_tensor(y, [bm_c, bn // 2 if cfg.EPILOGUE_SUBTILE else bn])
@@ -872,9 +945,14 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         kwargs["STORE_DEFER"] = True
     if cfg.PINGPONG:
         kwargs["PINGPONG"] = True
+    if norm == "lazy_layer":  # colsum / beta_b in the (unused: HAS_W = HAS_B = False) weight / bias slots
+        if ln_vectors is None:
+            ln_vectors = tuple(torch.empty(N, dtype=torch.float32, device=a.device) for _ in range(2))
+        args = args[:3] + tuple(ln_vectors) + args[5:]
+        kwargs.update(HAS_W=False, HAS_B=False, a_ptr=a, EVEN_K=K % cfg.BLOCK_K == 0)
     if C > 1:
         kwargs["ctas_per_cga"] = (C, 1, 1)
-    outs = (y, mean if norm == "layer" else None, rstd if norm != "none" else None)
+    outs = (y, mean if has_mean else None, rstd if norm != "none" else None)
     return (M, N, K), bn, outs, args, kwargs
 
 
@@ -958,9 +1036,10 @@ def cluster_occupancy(config=None, N: int = 1024, op: str = "matmul_rmsnorm", de
     return _max_active_clusters(ck, cfg.CLUSTER_SIZE, torch.device(device))
 
 
-def _run(a, b, weight, bias, eps, norm: str, config):
+def _run(a, b, weight, bias, eps, norm: str, config, ln_vectors=None):
     cfg = TilingConfig.from_dict(config)
-    (M, N, K), bn, outs, args, kwargs = _prepare(a, b, weight, bias, eps, norm, cfg, need_cuda=True)
+    (M, N, K), bn, outs, args, kwargs = _prepare(a, b, weight, bias, eps, norm, cfg, need_cuda=True,
+                                                 ln_vectors=ln_vectors)
     avail = None
     if cfg.PERSISTENT or cfg.CLUSTER_SIZE > 8:
         # compile (cached) to query the occupancy; for 16-CTA clusters this also sets the non-portable attribute
@@ -1065,6 +1144,62 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
     return y
 
 
+def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch.Tensor, beta_b: torch.Tensor, *,
+                          eps: float = 1e-5, config=None) -> torch.Tensor:
+    """Lazy Pre-Norm for LayerNorm on the cluster schedule: ``y = rstd ⊙ (a @ b_folded) - (rstd * mean) ⊗ colsum +
+    beta_b`` (= ``(LN(a) * gamma + beta) @ b`` with ``b_folded = diag(gamma) @ b``, ``colsum = b_folded.float()
+    .sum(0)``, ``beta_b = beta @ b``: ``normfuse.techniques.lazy_prenorm``), with the per-row statistics of ``a``
+    split K-wise across the thread-block cluster that covers the output row.
+
+    As ``lazy_rmsnorm_matmul``: CTA ``rank`` of the C-CTA cluster accumulates, over its K steps ``ki % C ==
+    rank`` (from the A slice in shared memory, while its wgmma runs; K tail masked), the fp32 shifted sums ``S1 =
+    sum (a - c)`` and ``S2 = sum (a - c)^2`` with the per-row shift ``c = a[row, 0]`` (loaded from global memory by
+    every CTA: the same shift, so the partial sums add). The two-statistic DSMEM all-to-all of
+    ``matmul_layernorm`` sums them in rank order (deterministic); ``mean = c + S1/K``, ``rstd = rsqrt(max(S2/K -
+    (S1/K)^2, 0) + eps)``. The epilogue is fp32 per column quarter: ``acc * rstd - (rstd * mean) * colsum[col] +
+    beta_b[col]`` (no extra MMA). Numerics as ``kernels_tlx.lazy_prenorm.lazy_layernorm_matmul`` (rows with
+    |mean| up to ~100 standard deviations, the limit of the rank-1 form).
+
+    Args:
+        a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA, 16-byte aligned (K multiple of 8).
+        b_folded: ``[K, N]`` same dtype and device, row-major contiguous (N multiple of 8; N <= CLUSTER_SIZE *
+            BLOCK_N and the cluster covering N exactly: ``TilingConfig.block_n``).
+        colsum, beta_b: fp32 ``[N]``, contiguous, on a's device.
+        eps: added to the variance (finite, > 0). Default 1e-5 (``torch.nn.LayerNorm``'s).
+        config: this module's ``TilingConfig`` (or dict / None for ``DEFAULT_CONFIG``); PINGPONG and LN_PACKED are
+            not supported.
+
+    Returns:
+        ``y [M, N]`` of a's dtype.
+
+    Raises:
+        ValueError: as ``matmul_rmsnorm`` (incl. a config whose cluster cannot cover N), PINGPONG=True or
+            LN_PACKED=True, a wrong shape, layout or device of ``colsum`` / ``beta_b``;
+        TypeError: bad dtypes (incl. non-fp32 ``colsum`` / ``beta_b``); NotImplementedError: inputs requiring grad
+            with grad mode on.
+
+    Sources: Lazy Pre-Norm and multi-CTA norm fusion, PyTorch blog "Towards Free Normalization",
+    https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/
+    (RMSNorm form; the LayerNorm extension and the K-wise split across the cluster are ours); shifted one-pass
+    variance: Chan, Golub & LeVeque, "Algorithms for computing the sample variance" (1983).
+    """
+    check_forward_only("multi_cta.lazy_layernorm_matmul", a=a, b_folded=b_folded, colsum=colsum, beta_b=beta_b)
+    cfg = TilingConfig.from_dict(config)
+    if cfg.PINGPONG or cfg.LN_PACKED:
+        raise ValueError("lazy_layernorm_matmul: PINGPONG=True / LN_PACKED=True are not supported (the cooperative "
+                         "ring and the two-statistic exchange only)")
+    _validate_lazy_ln(a, b_folded, colsum, beta_b, eps)
+    y, _, _ = _run(a, b_folded, None, None, eps, "lazy_layer", cfg, ln_vectors=(colsum, beta_b))
+    return y
+
+
+def _validate_lazy_ln(a, b_folded, colsum, beta_b, eps) -> None:
+    """The LayerNorm op's contract before ``_prepare``'s checks: inputs, eps, then the fp32 ``[N]`` vectors
+    (``normfuse.techniques.lazy_prenorm``, as ``kernels_tlx.lazy_prenorm._validate_ln``)."""
+    _, N, _ = _lp._spec.check_inputs(a, b_folded, check_eps(eps))
+    _lp._spec.check_layernorm_vectors(colsum, beta_b, N, a.device)
+
+
 def _ptx_extras(ptx: str) -> dict:
     """PTX facts of the protocol: DSMEM stores, cluster barriers, multicast TMA, remote arrives, setmaxnreg."""
     return {
@@ -1122,14 +1257,18 @@ def _ptxas_info(ptx: str) -> dict:
 
 
 def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None,
-                 affine: bool = False, ptxas: bool = False) -> dict:
+                 affine: bool = False, ptxas: bool = False, colsum: torch.Tensor | None = None,
+                 beta_b: torch.Tensor | None = None) -> dict:
     """Compile ``op`` for sm_90a without a GPU and summarize the result (never launches).
 
     The caller must already have run ``normfuse.compile_only.install(90)`` in this process. ``a [M, K]``, ``b
     [K, N]``: CPU (or CUDA) bf16/fp16 tensors (never read; shapes, dtype and alignment matter). ``op``:
-    ``"matmul_rmsnorm"``, ``"matmul_layernorm"`` or ``"matmul"`` (the Lazy Pre-Norm module's GEMM, with its own
+    ``"matmul_rmsnorm"``, ``"matmul_layernorm"``, ``"matmul_cluster"`` (``matmul_cluster``: no norm) or
+    ``"matmul"`` (the Lazy Pre-Norm module's GEMM, with its own
     ``TilingConfig``: delegated to ``kernels_tlx.lazy_prenorm.compile_sm90``). ``affine``: also pass a weight
-    (and a bias for LayerNorm). ``ptxas``: add ``ptxas -v`` registers/spills (slower).
+    (and a bias for LayerNorm). ``ptxas``: add ``ptxas -v`` registers/spills (slower). ``"lazy_rmsnorm_matmul"``
+    / ``"lazy_layernorm_matmul"``: the Lazy Pre-Norm cluster form (``b`` = b_folded; the LayerNorm op's fp32
+    ``colsum`` / ``beta_b``: None allocates empty ones; ``affine`` is ignored for it).
 
     Returns ``normfuse.compile_only.summarize(compiled)`` (ptx_markers incl. ``mapa`` / ``wgmma`` / ``tma_load``,
     shared_bytes, num_warps, smem_ok, cluster_dims) plus ``ptx_extra`` (``_ptx_extras``), ``grid`` (the
@@ -1138,16 +1277,25 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     """
     from normfuse.compile_only import summarize
 
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS)}")
+    if op not in OPS + ("matmul_cluster", ):
+        raise ValueError(f"unknown op {op!r}; choices: {', '.join(OPS + ('matmul_cluster', ))}")
     if op == "matmul":
         return _lp.compile_sm90("matmul", a, b, config=config)
-    norm = _NORM_OF_OP[op]
+    norm = "none" if op == "matmul_cluster" else _NORM_OF_OP[op]
     cfg = TilingConfig.from_dict(config)
     N = b.shape[1] if isinstance(b, torch.Tensor) and b.dim() == 2 else 8
     w = torch.empty(N, dtype=a.dtype, device=a.device) if affine and isinstance(a, torch.Tensor) else None
     bias = torch.empty(N, dtype=a.dtype, device=a.device) if affine and norm == "layer" and w is not None else None
-    (M, N, K), bn, _, args, kwargs = _prepare(a, b, w, bias, eps, norm, cfg, need_cuda=False)
+    ln_vectors = None
+    if norm == "lazy_layer":
+        w = bias = None
+        if cfg.PINGPONG or cfg.LN_PACKED:
+            raise ValueError("lazy_layernorm_matmul: PINGPONG=True / LN_PACKED=True are not supported")
+        colsum = torch.empty(N, dtype=torch.float32, device=a.device) if colsum is None else colsum
+        beta_b = torch.empty(N, dtype=torch.float32, device=a.device) if beta_b is None else beta_b
+        _validate_lazy_ln(a, b, colsum, beta_b, eps)
+        ln_vectors = (colsum, beta_b)
+    (M, N, K), bn, _, args, kwargs = _prepare(a, b, w, bias, eps, norm, cfg, need_cuda=False, ln_vectors=ln_vectors)
     grid = _grid(cfg, M, None)
     compiled = _multi_cta_norm_kernel.warmup(*args, grid=grid, **kwargs)
     ptx = compiled.asm["ptx"]
@@ -1161,7 +1309,7 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     out["grid"] = list(grid)
     out["block_n"] = bn
     out["config"] = cfg.to_dict()
-    out["smem_estimate"] = cfg.smem_bytes(bn, 2 if norm == "layer" else 1, a.element_size())
+    out["smem_estimate"] = cfg.smem_bytes(bn, 2 if norm in ("layer", "lazy_layer") else 1, a.element_size())
     return out
 
 

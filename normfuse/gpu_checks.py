@@ -19,7 +19,9 @@ from normfuse.tiling import ConfigError
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "tiling"
 # (M, N, K): M = 1, K and N not multiples of any block, a block-aligned shape, and more tiles than SMs
 # with M, N and K tails (persistent kernels then reuse per-CTA state across tiles)
-ODD_SHAPES = [(1, 1000, 1000), (257, 520, 1000), (1000, 264, 72), (4096, 1024, 512), (17793, 1000, 1000)]
+# (300, 2000, 264): the N that Lazy Pre-Norm's 8-CTA cluster form serves (c2: 264, c4: 1000 / 1024 above)
+ODD_SHAPES = [(1, 1000, 1000), (257, 520, 1000), (1000, 264, 72), (4096, 1024, 512), (17793, 1000, 1000),
+              (300, 2000, 264)]
 CHECKS = {  # technique -> (tiling file, shapes, variants, eps)
     "lazy_prenorm": ("lazy_prenorm_h200.yaml", ODD_SHAPES, (None,), 1e-6),
     "norms": ("norms_h200.yaml", [(1, 1000, None), (4096, 4095, None), (1000, 16384, None), (17, 32768, None),

@@ -71,7 +71,8 @@ print(json.dumps(out))
 # every shipped config, plus an accepted-but-unshipped single-consumer one (BLOCK_M = 64, 8 warps); the configs
 # with the statistics off the consumers (STATS_IN_PRODUCER / STATS_WARPGROUP) are compiled and checked in
 # tests/tlx/test_lazy_prenorm_stats_tlx.py
-COMPILE_CONFIGS = {**{n: c for n, c in SHIPPED_CONFIGS.items() if not c.stats_off_consumers},
+# (the cluster form, CLUSTER_SIZE > 1, serves one N range and is another kernel: tests/tlx/test_lazy_prenorm_cluster_tlx.py)
+COMPILE_CONFIGS = {**{n: c for n, c in SHIPPED_CONFIGS.items() if not c.stats_off_consumers and c.CLUSTER_SIZE == 1 and not c.A_FROM_REGS},
                    "single_consumer": TilingConfig(BLOCK_M=64, NUM_CONSUMERS=1)}
 
 
@@ -393,6 +394,7 @@ def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
 
     monkeypatch.setattr(ktlx, "_DEVICE", "cpu")
     monkeypatch.setattr(ktlx, "_CHECK_SHAPES", [(1, 24, 40), (70, 48, 16)])
+    monkeypatch.setattr(ktlx, "_CLUSTER_CHECK_SHAPES", [])  # (the cluster configs then serve none of the shapes)
     monkeypatch.setattr(ktlx, "_BENCH_SHAPES", [(64, 32, 32)])
     monkeypatch.setattr(ktlx, "matmul", fake_matmul)
     monkeypatch.setattr(ktlx, "lazy_rmsnorm_matmul", fake_fused)
@@ -404,10 +406,12 @@ def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
     rc = ktlx._self_check(["--variant", "rmsnorm", "--hang-timeout", "60"])
     out = capsys.readouterr().out
     assert rc == 1, out
-    n_runs = len(SHIPPED_CONFIGS) * 2 * 2
+    n_cfg = sum(c.CLUSTER_SIZE == 1 for c in SHIPPED_CONFIGS.values())  # the cluster form serves N > 256 only
+    n_runs = n_cfg * 2 * 2
     assert out.count("[run ]") == n_runs and out.count(" ok  ") == n_runs - 2, out
     assert "2 FAILURE(S): nonpersistent lazy_rmsnorm_matmul" in out, out
-    assert out.count(" TFLOP/s\n") == 1 + 2 * len(SHIPPED_CONFIGS) and "hidden" in out and "GB/s" in out, out
+    assert out.count(" TFLOP/s\n") == 1 + 2 * n_cfg and "hidden" in out and "GB/s" in out, out
+    assert "[run ] cluster_c2 " not in out and "[cluster_c2] does not serve N=32: not timed" in out, out
     for name in ("reuse_rstd", "reuse_rstd_bn128_s4"):  # the REUSE_RSTD configs are checked and timed too
         assert out.count(f"[run ] {name} ") == 2 * 2, out
         assert f"tlx fused  [{name}]" in out and f"tlx matmul [{name}]" in out, out
@@ -482,7 +486,8 @@ print(json.dumps(out))
 """
 # the shipped LayerNorm configs (but the STATS_* ones: tests/tlx/test_lazy_prenorm_stats_tlx.py), plus the broadcast
 # epilogue without REUSE_RSTD and with BLOCK_N = 128
-LN_COMPILE_CONFIGS = {**{n: c for n, c in ktlx.SHIPPED_LN_CONFIGS.items() if not c.stats_off_consumers},
+LN_COMPILE_CONFIGS = {**{n: c for n, c in ktlx.SHIPPED_LN_CONFIGS.items()
+                         if not c.stats_off_consumers and c.CLUSTER_SIZE == 1 and not c.A_FROM_REGS},
                       "bcast_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4, LN_EPILOGUE_MMA=False),
                       "mma_bn128_s4": TilingConfig(BLOCK_N=128, NUM_STAGES=4)}
 LN_COMPILE_SHAPES = [(262144, 1024, 1024), (1, 1000, 1000), (17793, 1000, 1000)]  # EVEN_K, K tail, K tail
@@ -496,9 +501,14 @@ def ln_compiled() -> dict:
 
 def test_ln_shipped_configs():
     assert set(ktlx.SHIPPED_LN_CONFIGS) == {"ln_reuse_rstd_subtile", "ln_subtile", "ln_reuse_rstd_broadcast",
-                                            "ln_stats_producer_subtile", "ln_stats_warpgroup_bn128_s4"}
+                                            "ln_stats_producer_subtile", "ln_stats_warpgroup_bn128_s4",
+                                            "ln_a_regs_subtile", "ln_a_regs_bn128_s4",
+                                            *(f"ln_cluster_c{c}{d}" for c in (2, 4, 8) for d in ("", "_defer"))}
     for name, cfg in ktlx.SHIPPED_LN_CONFIGS.items():
         assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name
+        if cfg.CLUSTER_SIZE > 1:  # another kernel (multi_cta's): its shared memory is checked by compiling it
+            cfg.cluster_config()  # tests/tlx/test_lazy_prenorm_cluster_tlx.py
+            continue
         assert cfg.smem_bytes(layernorm=True) <= SMEM_LIMIT_BYTES, name
     # the default tile with the extra-MMA epilogue does not fit without EPILOGUE_SUBTILE
     assert DEFAULT_CONFIG.LN_EPILOGUE_MMA and DEFAULT_CONFIG.smem_bytes(layernorm=True) > SMEM_LIMIT_BYTES
@@ -603,6 +613,8 @@ def test_ln_self_check_dry_run_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(ktlx, "_DEVICE", "cpu")
     monkeypatch.setattr(ktlx, "_CHECK_SHAPES", [(1, 24, 40), (70, 48, 16)])
     monkeypatch.setattr(ktlx, "_LN_SHIFT_CASES", [(33, 24, 40, 10.0)])
+    monkeypatch.setattr(ktlx, "_CLUSTER_CHECK_SHAPES", [])
+    monkeypatch.setattr(ktlx, "_LN_CLUSTER_SHIFT_CASES", [])
     monkeypatch.setattr(ktlx, "_BENCH_SHAPES", [(64, 32, 32)])
     monkeypatch.setattr(ktlx, "matmul", fake_matmul)
     monkeypatch.setattr(ktlx, "lazy_layernorm_matmul", fake_ln)
@@ -614,7 +626,7 @@ def test_ln_self_check_dry_run_on_cpu(monkeypatch, capsys):
     rc = ktlx._self_check(["--variant", "layernorm", "--hang-timeout", "60"])
     out = capsys.readouterr().out
     assert rc == 1, out
-    n_ln = len(ktlx.SHIPPED_LN_CONFIGS)
+    n_ln = sum(c.CLUSTER_SIZE == 1 for c in ktlx.SHIPPED_LN_CONFIGS.values())  # (cluster configs: N > 256 only)
     # per config: 2 shapes x (matmul + fused) + 1 shifted case (fused only)
     assert out.count("[run ]") == 5 * n_ln and out.count(" ok  ") == 5 * n_ln - 3, out
     assert "3 FAILURE(S): ln_subtile lazy_layernorm_matmul" in out and "shift=10" in out, out
