@@ -408,6 +408,10 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "cluster_c4_defer": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True),
     "cluster_c8_defer": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True),
     "cluster_c8_mcast": TilingConfig(CLUSTER_SIZE=8, MULTICAST_A=True),
+    # twice the CTAs per row at half the width (BLOCK_N = 128, 4 stages): each CTA sums a^2 over 1/4 (N = 512) or
+    # 1/8 (N = 1024) of K instead of 1/2 or 1/4, at the cost of a narrower GEMM tile
+    "cluster_c4_bn128_defer": TilingConfig(CLUSTER_SIZE=4, BLOCK_N=128, NUM_STAGES=4, STORE_DEFER=True),
+    "cluster_c8_bn128_defer": TilingConfig(CLUSTER_SIZE=8, BLOCK_N=128, NUM_STAGES=4, STORE_DEFER=True),
 }
 # LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
 # with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the
@@ -1323,7 +1327,7 @@ _CHECK_SHAPES = [  # (M, N, K): a block-aligned shape first, then partial/empty 
 # partial last column slices, M = 1, partial M-tiles, K < BLOCK_K and K tails; _CHECK_SHAPES add N = 1000 for c4
 # (c4 at N = 776: the last rank owns 8 columns, K < BLOCK_K; c8 at M = 1 with a K tail)
 _CLUSTER_CHECK_SHAPES = [(1, 488, 1000), (129, 488, 8), (1000, 512, 72), (17793, 2024, 1000), (257, 2048, 520),
-                         (1000, 1800, 8), (129, 776, 8), (1, 1800, 72)]
+                         (1000, 1800, 8), (129, 776, 8), (1, 1800, 72), (129, 968, 8)]
 _BENCH_SHAPES = [(262144, 1024, 1024), (8192, 8192, 8192)]
 # LayerNorm: mean-shifted inputs (the one-pass statistics and the epilogue's cancellation), (M, N, K, mean_shift);
 # each config runs those it supports (the cluster form: c4 the N = 1000 / 1024 ones), the cluster form also

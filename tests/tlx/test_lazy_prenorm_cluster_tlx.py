@@ -52,8 +52,8 @@ def _jobs():
     LayerNorm ones, one odd shape for the RMSNorm ones (GPU-checked already); the cluster GEMM once."""
     jobs = []
     for name, cfg in CLUSTER_RMS.items():
-        C = cfg.CLUSTER_SIZE
-        jobs += [(RMS_OP, name, BLOG_M, BLOG_N[C], BLOG_K), (RMS_OP, name, 129, ODD_N[C], 8)]
+        C, full = cfg.CLUSTER_SIZE, cfg.CLUSTER_SIZE * cfg.BLOCK_N  # the row the cluster covers: N = C * BLOCK_N
+        jobs += [(RMS_OP, name, BLOG_M, full, BLOG_K), (RMS_OP, name, 129, full - 24, 8)]
     for name, cfg in CLUSTER_LN.items():
         C = cfg.CLUSTER_SIZE
         jobs += [(LN_OP, name, BLOG_M, BLOG_N[C], BLOG_K), (LN_OP, name, 1, ODD_N[C], 1000),
@@ -116,12 +116,12 @@ def test_compile_every_shipped_cluster_config(compiled):
         cfg = {**SHIPPED_CONFIGS, **SHIPPED_LN_CONFIGS}[name]
         C = cfg.CLUSTER_SIZE
         mk, ex = r["ptx_markers"], r["ptx_extra"]
-        assert r["block_n"] == cfg.BLOCK_N == 256, key
+        assert r["block_n"] == cfg.BLOCK_N, key
         assert r["ptxas"]["registers"] is not None, (key, r["ptxas"])  # ptxas compiled it
         # no spills at the blog shapes; at a ragged N (not a multiple of 16: the masked colsum / beta_b loads are not
         # vectorized) at most a few registers' worth, as multi_cta's affine (16 B seen: LayerNorm c8, N = 2024)
         spills = r["ptxas"]["spill_stores"] + r["ptxas"]["spill_loads"]
-        assert spills <= (0 if N == C * 256 else 64), (key, r["ptxas"])
+        assert spills <= (0 if N == C * cfg.BLOCK_N else 64), (key, r["ptxas"])
         assert r["smem_ok"] and r["shared_bytes"] <= SMEM_LIMIT_BYTES, key
         # the estimate bounds the build, tightly for the fused ops (the cluster GEMM has no exchange slots)
         slack = r["smem_estimate"] - r["shared_bytes"]
@@ -272,7 +272,9 @@ def test_self_check_cases_cover_every_cluster_config():
         assert any(K % 64 for _, _, K in plain) and any(K < 64 for _, _, K in plain), (name, plain)
         assert any(N < cfg.CLUSTER_SIZE * 256 for _, N, _ in plain), (name, plain)  # a partial last slice
     for name, cfg in CLUSTER_RMS.items():  # (the RMSNorm loop filters the same lists by supports)
-        assert [s for s in klp._CLUSTER_CHECK_SHAPES if cfg.supports(s[1])], name
+        plain = [s for s in klp._CHECK_SHAPES + klp._CLUSTER_CHECK_SHAPES if cfg.supports(s[1])]
+        assert any(M == 1 for M, _, _ in plain) and any(K < 64 for _, _, K in plain), (name, plain)
+        assert any(N < cfg.CLUSTER_SIZE * cfg.BLOCK_N for _, N, _ in plain), (name, plain)
 
 
 # --------------------------------------------------------------------------------------------------------
