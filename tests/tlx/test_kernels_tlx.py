@@ -423,6 +423,22 @@ def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
 # --------------------------------------------------------------------------------------------------------
 # 3. GPU correctness of every shipped config (needs an sm_90 GPU and fbtriton)
 # --------------------------------------------------------------------------------------------------------
+def _served_shapes(cfg, shapes):
+    """The (M, N, K) of ``shapes`` a config serves; for the cluster form (one N range) also the self-check's cluster
+    shapes. Never empty: a config must be checked somewhere."""
+    if cfg.CLUSTER_SIZE > 1:
+        shapes = shapes + ktlx._CLUSTER_CHECK_SHAPES
+    served = [s for s in shapes if cfg.supports(s[1])]
+    assert served, f"{cfg} serves none of {shapes}"
+    return served
+
+
+def test_served_shapes_cover_every_shipped_config():
+    for cfg in list(SHIPPED_CONFIGS.values()) + list(ktlx.SHIPPED_LN_CONFIGS.values()):
+        served = _served_shapes(cfg, [(1, 1000, 1000), (300, 2000, 264)])
+        assert cfg.CLUSTER_SIZE > 1 or len(served) == 2
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", list(SHIPPED_CONFIGS))
@@ -434,8 +450,9 @@ def test_shipped_configs_correct_on_gpu(name):
         pytest.skip("the TLX kernel targets sm_90 (wgmma, setmaxnreg)")
     cfg = SHIPPED_CONFIGS[name].to_dict()
     failures = []
-    # + the REUSE_RSTD tail shape (ODD_SHAPES have <= 132 tiles: one tile per CTA, so no rstd is ever reused)
-    shapes = list(ODD_SHAPES) + [(17793, 1000, 1000)]
+    # + the REUSE_RSTD tail shape (ODD_SHAPES have <= 132 tiles: one tile per CTA, so no rstd is ever reused); the
+    # cluster form serves one N range: the shapes it serves, plus the self-check's cluster shapes
+    shapes = _served_shapes(SHIPPED_CONFIGS[name], list(ODD_SHAPES) + [(17793, 1000, 1000)])
     for impl in ("gemm", "fused"):
         for seed, (M, N, K) in enumerate(shapes):
             req = {"technique": "lazy_prenorm", "dsl": "tlx", "impl": impl, "M": M, "N": N, "K": K,
@@ -647,7 +664,7 @@ def test_ln_shipped_configs_correct_on_gpu(name):
         pytest.skip("the TLX kernel targets sm_90 (wgmma, setmaxnreg)")
     cfg = ktlx.SHIPPED_LN_CONFIGS[name].to_dict()
     failures = []
-    shapes = list(ODD_SHAPES) + [(17793, 1000, 1000)]  # + the REUSE_RSTD tail shape
+    shapes = _served_shapes(ktlx.SHIPPED_LN_CONFIGS[name], list(ODD_SHAPES) + [(17793, 1000, 1000)])  # + REUSE_RSTD tail
     for options in ({}, {"mean_shift": 10.0}):
         for seed, (M, N, K) in enumerate(shapes):
             req = {"technique": "lazy_prenorm", "variant": "layernorm", "dsl": "tlx", "impl": "fused", "M": M,
