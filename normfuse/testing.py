@@ -58,6 +58,21 @@ def run_python_json(code: str, *argv: str, env: dict | None = None, timeout: flo
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_python_json_parallel(code: str, jobs: list, *, parts: int = 2, timeout: float = 300) -> dict:
+    """``run_python_json(code, json.dumps(part))`` for ``parts`` interleaved slices of ``jobs`` in parallel
+    processes (compile-only tests: one compile + ptxas per job, CPU-bound), merging the dicts they print. Fails the
+    calling test with the stderr of the first process that exits non-zero."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    slices = [jobs[i::parts] for i in range(parts) if jobs[i::parts]]
+    out: dict = {}
+    with ThreadPoolExecutor(len(slices) or 1) as pool:
+        for part in pool.map(lambda sl: run_python_json(code, json.dumps(sl), timeout=timeout), slices):
+            out.update(part)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------------------
 # One contract across DSLs (issue 15): the same call is accepted or rejected the same way in Triton, Helion and
 # TLX. The cases are data, shared by the CPU tests of both environments (tests/test_bad_inputs_gemm.py runs them

@@ -20,8 +20,6 @@ Compile-only does not catch deadlocks, races or numerics: ``python -m kernels_tl
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from kernels_tlx import lazy_prenorm as klp  # noqa: E402
 from kernels_tlx import multi_cta as km  # noqa: E402
 from kernels_tlx.lazy_prenorm import SHIPPED_CONFIGS, SHIPPED_LN_CONFIGS, TilingConfig  # noqa: E402
 from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
+from normfuse.testing import run_python_json_parallel  # noqa: E402
 
 RMS_OP, LN_OP = "lazy_rmsnorm_matmul", "lazy_layernorm_matmul"
 CLUSTER_RMS = {n: c for n, c in SHIPPED_CONFIGS.items() if c.CLUSTER_SIZE > 1}
@@ -89,20 +88,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled():
-    jobs = _jobs()
-    halves = [jobs[0::2], jobs[1::2]]  # two subprocesses in parallel
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("TRITON_INTERPRET", None)
-    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(h)], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in halves]
-    out = {}
-    for p in procs:
-        so, se = p.communicate(timeout=900)
-        if p.returncode != 0:
-            pytest.fail(f"compile subprocess failed (rc={p.returncode})\n--- stderr\n{se[-6000:]}")
-        out.update(json.loads(so.strip().splitlines()[-1]))
-    return out
+    return run_python_json_parallel(_COMPILE_SCRIPT, _jobs(), timeout=900)  # two compile processes in parallel
 
 
 # --------------------------------------------------------------------------------------------------------

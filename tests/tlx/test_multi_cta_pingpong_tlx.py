@@ -22,9 +22,7 @@ c16_pp).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,6 +38,7 @@ pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): r
 from kernels_tlx import multi_cta as km  # noqa: E402
 from kernels_tlx.multi_cta import SHIPPED_CONFIGS, TilingConfig  # noqa: E402
 from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
+from normfuse.testing import run_python_json_parallel  # noqa: E402
 
 _SCRIPT = r"""
 import json, re, sys, torch
@@ -98,19 +97,7 @@ JOBS = [("c4_defer_lnpack", 1024, "c4_lnpack"), ("c8_defer_lnpack", 2048, "c8_ln
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("TRITON_INTERPRET", None)
-    halves = [JOBS[0::2], JOBS[1::2]]
-    procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, json.dumps(h)], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in halves]
-    out = {}
-    for p in procs:
-        so, se = p.communicate(timeout=600)
-        if p.returncode != 0:
-            pytest.fail(f"compile subprocess failed (rc={p.returncode})\n--- stderr\n{se[-6000:]}")
-        out.update(json.loads(so.strip().splitlines()[-1]))
-    return out
+    return run_python_json_parallel(_SCRIPT, JOBS, timeout=600)  # two compile processes in parallel
 
 
 def _no_spills(r, key):

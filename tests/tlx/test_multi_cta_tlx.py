@@ -21,8 +21,6 @@ kernels_tlx.multi_cta`` on the H200 is the correctness test.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +36,7 @@ pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): r
 from kernels_tlx import multi_cta as km  # noqa: E402
 from kernels_tlx.multi_cta import DEFAULT_CONFIG, SHIPPED_CONFIGS, TilingConfig  # noqa: E402
 from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
+from normfuse.testing import run_python_json_parallel  # noqa: E402
 
 # (target N on the blog grid + N = 4096, ragged N compiled with affine) per shipped config
 TARGET_N = {"c1": 256, "c2": 512, "c4": 1024, "c8": 2048, "c8_mcast": 1024, "c16_subtile": 4096,
@@ -81,20 +80,7 @@ def _jobs():
 
 @pytest.fixture(scope="module")
 def compiled():
-    jobs = _jobs()
-    halves = [jobs[0::2], jobs[1::2]]  # two subprocesses in parallel
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("TRITON_INTERPRET", None)
-    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(h)], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in halves]
-    out = {}
-    for p in procs:
-        so, se = p.communicate(timeout=400)
-        if p.returncode != 0:
-            pytest.fail(f"compile subprocess failed (rc={p.returncode})\n--- stderr\n{se[-6000:]}")
-        out.update(json.loads(so.strip().splitlines()[-1]))
-    return out
+    return run_python_json_parallel(_COMPILE_SCRIPT, _jobs(), timeout=400)  # two compile processes in parallel
 
 
 def test_targets_cover_every_shipped_config():

@@ -24,9 +24,7 @@ H200 is the correctness test.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -42,7 +40,7 @@ pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): r
 from kernels_tlx import naive_fusion as nf  # noqa: E402
 from kernels_tlx.naive_fusion import DEFAULT_CONFIG, MAX_N, SHIPPED_CONFIGS, TilingConfig  # noqa: E402
 from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
-from normfuse.testing import run_python_json  # noqa: E402
+from normfuse.testing import run_python_json, run_python_json_parallel  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------------
 # 1. compile-only for sm_90
@@ -103,20 +101,7 @@ def _compile_jobs():
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    jobs = _compile_jobs()
-    halves = [jobs[0::2], jobs[1::2]]  # two subprocesses in parallel (compile + ptxas -v each)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("TRITON_INTERPRET", None)
-    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(h)], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in halves]
-    out = {}
-    for p in procs:
-        so, se = p.communicate(timeout=300)
-        if p.returncode != 0:
-            pytest.fail(f"compile subprocess failed (rc={p.returncode})\n--- stderr\n{se[-6000:]}")
-        out.update(json.loads(so.strip().splitlines()[-1]))
-    return out
+    return run_python_json_parallel(_COMPILE_SCRIPT, _compile_jobs(), timeout=300)  # two compile processes in parallel
 
 
 def test_compile_jobs_cover_the_interesting_cases():

@@ -17,9 +17,7 @@ on the H200 is the correctness test.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,7 +33,7 @@ pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): r
 from kernels_tlx import norms as kn  # noqa: E402
 from kernels_tlx.norms import DEFAULT_CONFIG, SHIPPED_CONFIGS, TARGET_N, TilingConfig  # noqa: E402
 from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
-from normfuse.testing import run_python_json  # noqa: E402
+from normfuse.testing import run_python_json, run_python_json_parallel  # noqa: E402
 
 COMPILE_M = 4096
 RAGGED_N = {1: 1000, 2: 20000, 4: 20000, 8: 20000}  # C=8: BLOCK_N 4096, ranks 5..7 own no column < N
@@ -90,21 +88,7 @@ def _jobs():
 
 @pytest.fixture(scope="module")
 def compiled():
-    jobs = _jobs()
-    # two subprocesses in parallel to stay well under the time budget
-    halves = [jobs[0::2], jobs[1::2]]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("TRITON_INTERPRET", None)
-    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(h)], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in halves]
-    out = {}
-    for p in procs:
-        so, se = p.communicate(timeout=170)
-        if p.returncode != 0:
-            pytest.fail(f"compile subprocess failed (rc={p.returncode})\n--- stderr\n{se[-6000:]}")
-        out.update(json.loads(so.strip().splitlines()[-1]))
-    return out
+    return run_python_json_parallel(_COMPILE_SCRIPT, _jobs(), timeout=170)  # two compile processes in parallel
 
 
 def test_every_shipped_config_targets_are_supported():
