@@ -36,12 +36,11 @@ AREGS_LN = {n: c for n, c in SHIPPED_LN_CONFIGS.items() if c.A_FROM_REGS}
 SHAPES = [(262144, 1024, 1024), (1, 1000, 1000), (129, 264, 8), (17793, 1000, 1000)]  # (M, N, K)
 
 _COMPILE_SCRIPT = r"""
-import json, re, subprocess, sys, tempfile, torch
-from pathlib import Path
+import json, re, sys, torch
 from normfuse import compile_only
+from normfuse.codestats import ptxas_stats
 compile_only.install(90)
 from kernels_tlx import lazy_prenorm as K
-from triton.backends.nvidia.compiler import get_ptxas
 
 out = {}
 for key, op, cfg, (M, N, Kd) in json.loads(sys.argv[1]):
@@ -50,17 +49,16 @@ for key, op, cfg, (M, N, Kd) in json.loads(sys.argv[1]):
     c = torch.empty(M, N, dtype=torch.bfloat16)
     lnv = (torch.empty(N), torch.empty(N)) if op == K.LN_OP else None
     args, grid, kw = K._launch_args(a, b, c, 1e-5, op != "matmul", K.TilingConfig.from_dict(cfg), K.H200_NUM_SMS, lnv)
-    ptx = K._lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kw).asm["ptx"]
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        p = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                           capture_output=True, text=True)
-    log = p.stdout + p.stderr
+    compiled = K._lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kw)
+    ptx = compiled.asm["ptx"]
+    try:  # ptxas -v for sm_90a
+        st = ptxas_stats(compiled)
+    except RuntimeError:  # ptxas failed: reported as ptxas_ok = False
+        st = None
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16 \{[^}]*\}, (\S+)", ptx)
     out[key] = {
-        "ptxas_ok": p.returncode == 0,
-        "spill_stores": sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)),
+        "ptxas_ok": st is not None,
+        "spill_stores": st and st["spill_st"],
         "ldmatrix_x4": ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
         "wgmma_reg_a": sum(1 for w in wgmma if w.startswith("{")),
         "wgmma_desc_a": sum(1 for w in wgmma if not w.startswith("{")),
