@@ -73,6 +73,18 @@ def run_python_json_parallel(code: str, jobs: list, *, parts: int = 2, timeout: 
     return out
 
 
+def fna_llm_int64_inputs(B: int = 2049, device: str = "cuda") -> dict:
+    """QK-norm attention inputs whose q has more than 2^31 elements at the default B: ``q [B, 16, 512, 128]``,
+    ``k``, ``v [B, 8, 512, 128]`` bf16 (batch 2048 starts at element 2^31), ``q_weight`` / ``k_weight`` [128] near 1,
+    no ``o_weight``; seeded (generator seed 0), so every DSL's GPU test sees the same tensors."""
+    Hq, Hkv, S, D = 16, 8, 512, 128
+    g = torch.Generator(device=device).manual_seed(0)
+    mk = lambda *s: torch.randn(*s, generator=g, device=device, dtype=torch.bfloat16)  # noqa: E731
+    return {"q": mk(B, Hq, S, D), "k": mk(B, Hkv, S, D), "v": mk(B, Hkv, S, D),
+            "q_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16), "k_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16),
+            "o_weight": None}
+
+
 # ------------------------------------------------------------------------------------------------------------
 # One contract across DSLs (issue 15): the same call is accepted or rejected the same way in Triton, Helion and
 # TLX. The cases are data, shared by the CPU tests of both environments (tests/test_bad_inputs_gemm.py runs them

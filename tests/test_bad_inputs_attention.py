@@ -30,7 +30,7 @@ import math
 import pytest
 import torch
 
-from normfuse.testing import run_python_json
+from normfuse.testing import fna_llm_int64_inputs, run_python_json
 
 DSLS = ("triton", "helion")  # this environment; TLX: tests/tlx/test_bad_inputs_attention_tlx.py
 FUNCTIONS = {"gdpa": "fna", "qknorm_attention": "fna_llm", "attention": "fna_llm", "rmsnorm_mxfp8": "mxnorm",
@@ -533,12 +533,8 @@ def gpu_llm_int64(dsl: str) -> list[str]:
     2^31); batches 0 and 2048 checked, causal, default config."""
     from normfuse.techniques import fna_llm
 
-    B, Hq, Hkv, S, D = 2049, 16, 8, 512, 128
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    inp = {"q": mk(B, Hq, S, D), "k": mk(B, Hkv, S, D), "v": mk(B, Hkv, S, D),
-           "q_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16), "k_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16),
-           "o_weight": None}
+    B, Hq, S, D = 2049, 16, 512, 128
+    inp = fna_llm_int64_inputs(B)
     assert inp["q"].numel() > 2 ** 31 and (B - 1) * Hq * S * D == 2 ** 31
     out = kernel(dsl, "qknorm_attention")(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"],
                                           causal=True, eps=1e-6)

@@ -6,6 +6,7 @@ import torch
 
 from kernels_tlx import fna_llm as K
 from normfuse.techniques import fna_llm as T
+from normfuse.testing import fna_llm_int64_inputs
 
 
 def run(impl, inp, causal, cfg, eps=1e-6):
@@ -48,12 +49,8 @@ def check_batch_slices(name, cfg, causal, slices) -> list[str]:
 def check_int64(cfg):
     """q of more than 2^31 elements (B = 2049, Hq = 16, Hkv = 8, S = 512, D = 128), causal, fused: the first and
     the last batch element against the reference (asserts)."""
-    B, Hq, Hkv, S, D = 2049, 16, 8, 512, 128
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    inp = {"q": mk(B, Hq, S, D), "k": mk(B, Hkv, S, D), "v": mk(B, Hkv, S, D),
-           "q_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16), "k_weight": (1 + 0.2 * mk(D)).to(torch.bfloat16),
-           "o_weight": None}
+    B = 2049
+    inp = fna_llm_int64_inputs(B)
     out = run("fused", inp, True, cfg)
     for b in (0, B - 1):
         sub = {**inp, "q": inp["q"][b:b + 1], "k": inp["k"][b:b + 1], "v": inp["v"][b:b + 1]}
