@@ -230,7 +230,7 @@ class TilingConfig(TilingConfigBase):
             LN_EPILOGUE_MMA=False are not allowed with it.
         MULTICAST_A, STORE_DEFER: the cluster form's options of the same names (``kernels_tlx.multi_cta``: A
             multicast across the cluster; output TMA store drained under the next tile's mainloop). Need
-            CLUSTER_SIZE > 1 (MULTICAST_A) / > 1 (STORE_DEFER).
+            CLUSTER_SIZE > 1.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -1336,6 +1336,12 @@ _LN_SHIFT_CASES = [(4096, 1024, 1024, 10.0), (1000, 1000, 1000, 100.0), (17793, 
 _LN_CLUSTER_SHIFT_CASES = [(1000, 488, 1000, 100.0), (17793, 488, 520, 10.0), (4096, 2024, 1000, 100.0),
                            (17793, 2024, 520, 10.0)]
 _DEVICE = "cuda"  # the CPU dry-run test of _self_check swaps in "cpu" and fake kernels
+
+
+def _served_shapes(cfg: TilingConfig, shapes: list, cluster_shapes: list) -> list:
+    """The check cases (``(M, N, K, ...)`` tuples) of ``shapes`` that ``cfg`` serves; for the cluster form (one N
+    range) ``cluster_shapes`` are appended. Used by the self-check and the GPU tests (tests/tlx)."""
+    return [c for c in shapes + (cluster_shapes if cfg.CLUSTER_SIZE > 1 else []) if cfg.supports(c[1])]
 _EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 
 
@@ -1409,11 +1415,9 @@ def _self_check(argv=None) -> int:
     for variant, name in runs:
         cfg = shipped[variant][name]
         fused_op = "lazy_layernorm_matmul" if variant == "layernorm" else "lazy_rmsnorm_matmul"
-        cases = [(M, N, K, 0.0) for (M, N, K) in shapes + (_CLUSTER_CHECK_SHAPES if cfg.CLUSTER_SIZE > 1 else [])
-                 if cfg.supports(N)]
+        cases = [(M, N, K, 0.0) for (M, N, K) in _served_shapes(cfg, shapes, _CLUSTER_CHECK_SHAPES)]
         if variant == "layernorm":
-            cases += [c for c in _LN_SHIFT_CASES + (_LN_CLUSTER_SHIFT_CASES if cfg.CLUSTER_SIZE > 1 else [])
-                      if cfg.supports(c[1])]
+            cases += _served_shapes(cfg, _LN_SHIFT_CASES, _LN_CLUSTER_SHIFT_CASES)
         for (M, N, K, shift) in cases:
             inp, ref_m, tol_m, ref_f, tol_f, eps = case(variant, M, N, K, shift)
             a, bf = inp["a"], inp["b_folded"]

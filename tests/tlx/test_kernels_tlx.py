@@ -426,9 +426,7 @@ def test_self_check_dry_run_on_cpu(monkeypatch, capsys):
 def _served_shapes(cfg, shapes):
     """The (M, N, K) of ``shapes`` a config serves; for the cluster form (one N range) also the self-check's cluster
     shapes. Never empty: a config must be checked somewhere."""
-    if cfg.CLUSTER_SIZE > 1:
-        shapes = shapes + ktlx._CLUSTER_CHECK_SHAPES
-    served = [s for s in shapes if cfg.supports(s[1])]
+    served = ktlx._served_shapes(cfg, shapes, ktlx._CLUSTER_CHECK_SHAPES)
     assert served, f"{cfg} serves none of {shapes}"
     return served
 
