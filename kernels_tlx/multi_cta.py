@@ -916,6 +916,10 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
     """Validate, allocate the outputs and build the descriptors and launch arguments (grid not final: the
     persistent cluster count needs the compiled kernel, ``_grid``). ``ln_vectors``: ``(colsum, beta_b)`` of the
     "lazy_layer" norm (validated by the caller; None allocates empty ones: compile-only and occupancy queries)."""
+    if norm in ("lazy_rms", "lazy_layer") and cfg.PINGPONG:
+        raise ValueError(f"Lazy Pre-Norm ({norm}): PINGPONG=True is not supported (the cooperative ring only)")
+    if norm == "lazy_layer" and cfg.LN_PACKED:
+        raise ValueError("Lazy Pre-Norm (lazy_layer): LN_PACKED=True is not supported (the two-statistic exchange)")
     M, N, K = _validate(a, b, weight, bias, eps, norm, need_cuda=False)
     bn = cfg.block_n(N)  # ValueError naming the limit if the cluster cannot cover N (before the device check)
     if need_cuda and a.device.type != "cuda":
@@ -1138,8 +1142,6 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
     (the K-wise split of the statistic across the cluster is our Hopper variant).
     """
     check_forward_only("multi_cta.lazy_rmsnorm_matmul", a=a, b_folded=b_folded)
-    if TilingConfig.from_dict(config).PINGPONG:
-        raise ValueError("lazy_rmsnorm_matmul: PINGPONG=True is not supported (the cooperative ring only)")
     y, _, _ = _run(a, b_folded, None, None, eps, "lazy_rms", config)
     return y
 
@@ -1184,12 +1186,8 @@ def lazy_layernorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, colsum: torch
     variance: Chan, Golub & LeVeque, "Algorithms for computing the sample variance" (1983).
     """
     check_forward_only("multi_cta.lazy_layernorm_matmul", a=a, b_folded=b_folded, colsum=colsum, beta_b=beta_b)
-    cfg = TilingConfig.from_dict(config)
-    if cfg.PINGPONG or cfg.LN_PACKED:
-        raise ValueError("lazy_layernorm_matmul: PINGPONG=True / LN_PACKED=True are not supported (the cooperative "
-                         "ring and the two-statistic exchange only)")
     _validate_lazy_ln(a, b_folded, colsum, beta_b, eps)
-    y, _, _ = _run(a, b_folded, None, None, eps, "lazy_layer", cfg, ln_vectors=(colsum, beta_b))
+    y, _, _ = _run(a, b_folded, None, None, eps, "lazy_layer", config, ln_vectors=(colsum, beta_b))
     return y
 
 
@@ -1289,8 +1287,6 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     ln_vectors = None
     if norm == "lazy_layer":
         w = bias = None
-        if cfg.PINGPONG or cfg.LN_PACKED:
-            raise ValueError("lazy_layernorm_matmul: PINGPONG=True / LN_PACKED=True are not supported")
         colsum = torch.empty(N, dtype=torch.float32, device=a.device) if colsum is None else colsum
         beta_b = torch.empty(N, dtype=torch.float32, device=a.device) if beta_b is None else beta_b
         _validate_lazy_ln(a, b, colsum, beta_b, eps)

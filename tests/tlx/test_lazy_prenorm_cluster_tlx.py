@@ -306,3 +306,18 @@ def test_ln_cluster_experiment_composes():
         cfg = OmegaConf.to_container(compose("config", overrides=["experiment=lazy_prenorm_ln_cluster"]),
                                      resolve=True)
     assert sweep.expand_points(cfg, "gpu")
+
+
+@pytest.mark.parametrize("op, bad", [("lazy_rmsnorm_matmul", {"CLUSTER_SIZE": 2, "PINGPONG": True, "STORE_DEFER": True}),
+                                     ("lazy_layernorm_matmul", {"CLUSTER_SIZE": 2, "PINGPONG": True, "STORE_DEFER": True}),
+                                     ("lazy_layernorm_matmul", {"CLUSTER_SIZE": 2, "LN_PACKED": True})])
+def test_lazy_ops_reject_unsupported_options_everywhere(op, bad):
+    """The cluster form's option limits are checked where the launch is prepared (multi_cta._prepare), so the op and
+    its compile-only twin refuse the same configs, before any compile or launch."""
+    a = torch.empty(128, 64, dtype=torch.bfloat16)
+    b = torch.empty(64, 512, dtype=torch.bfloat16)
+    vectors = (torch.zeros(512), torch.zeros(512)) if op == LN_OP else ()
+    with pytest.raises(ValueError, match="not supported"):
+        getattr(km, op)(a, b, *vectors, config=bad)
+    with pytest.raises(ValueError, match="not supported"):
+        km.compile_sm90(op, a, b, config=bad)
