@@ -125,6 +125,11 @@ CONSUMER_REGS = 232
 # "normalized Q stored" barrier (the compiler takes 0-3 for its own CTA / partition barriers)
 Q_READY_BARRIER = tl.constexpr(11)
 K_NORM_MODES = ("prepass", "inloop", "materialize")
+# LAZY_Q: register layout of a [64, 32] slice of one warpgroup's Q tile (flat offset row·32 + col) in which every
+# thread holds the rows it holds in the m64 wgmma accumulator (warp w: rows 16w..16w+15; lane l: rows l//4 and
+# l//4 + 8, column pairs 2·(l%4) + 8j), so the row sums of squares land in the accumulator's row layout without a
+# shared-memory round trip (otherwise the compiler moves the whole softmax to the load's layout)
+Q_ROWS_LAYOUT = tl.constexpr(tlx.layout(shape=((4, 8, 4), (2, 2, 4)), stride=((2, 32, 512), (1, 256, 8))))
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,9 @@ class TilingConfig(TilingConfigBase):
     (causal: heaviest Q tiles dispatched first), ``WARP_ARRIVE`` (per-thread K/V buffer releases),
     ``PERSISTENT`` (a grid of min(#SMs, work tiles) CTAs, each walking a static list of (Q tile, batch x head)
     work tiles with the next tile's Q prefetched into a second Q buffer; causal: heaviest first, so ``LPT`` is
-    implied; K_NORM prepass or materialize). Raises ValueError naming the violated constraint."""
+    implied; K_NORM prepass or materialize), ``LAZY_Q`` (with ``PIPELINE`` and ``K_NORM = "materialize"``: Q's
+    rstd applied to the rows of S, γq folded into k_n, instead of normalizing the Q tile in shared memory). Raises
+    ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 128
@@ -152,6 +159,7 @@ class TilingConfig(TilingConfigBase):
     LPT: bool = False
     WARP_ARRIVE: bool = False
     PERSISTENT: bool = False
+    LAZY_Q: bool = False
 
     def __post_init__(self):
         if self.BLOCK_M != 128:
@@ -164,7 +172,7 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"PINGPONG must be a bool, got {self.PINGPONG!r}")
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
-        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT"):
+        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.PINGPONG_PV and not (self.PIPELINE and self.PINGPONG):
@@ -176,6 +184,9 @@ class TilingConfig(TilingConfigBase):
         if self.PERSISTENT and self.K_NORM == "inloop":
             raise ValueError("PERSISTENT supports K_NORM prepass or materialize, not inloop (the in-loop K norm stays "
                              "on the one-tile-per-CTA grid)")
+        if self.LAZY_Q and not (self.PIPELINE and self.K_NORM == "materialize"):
+            raise ValueError("LAZY_Q needs PIPELINE and K_NORM materialize (γq is folded into the materialized k_n; "
+                             "the row scale lives in the pipelined loop's softmax)")
 
 
 @triton.jit
@@ -218,7 +229,8 @@ def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, ro
     """Online-softmax step of the pipelined loop on one ``[BLOCK_M_SPLIT, BLOCK_N]`` fp32 score tile ``qk``:
     column scale (``COL_SCALE``: ``rstd_k · log2(e)/sqrt(D)`` per key) or the scalar ``qk_scale`` folded into the
     exponent's FMA (``exp2(qk · qk_scale - m)``, m in the scaled log2 domain), causal / sequence-end mask only when
-    the tile needs it. Returns ``(p fp32, m_new, l_new, alpha)``; the caller rescales its accumulator by alpha."""
+    the tile needs it. Returns ``(p fp32, m_new, l_new, alpha)``; the caller
+    rescales its accumulator by alpha."""
     if COL_SCALE:
         qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
     qk = _mask_tile(qk, offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)
@@ -258,7 +270,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        PINGPONG: tl.constexpr, CONSUMER_REGS: tl.constexpr, K_MATERIALIZED: tl.constexpr,
                        PIPELINE: tl.constexpr = False, PINGPONG_PV: tl.constexpr = False,
                        LPT: tl.constexpr = False, WARP_ARRIVE: tl.constexpr = False,
-                       PERSISTENT: tl.constexpr = False):
+                       PERSISTENT: tl.constexpr = False, LAZY_Q: tl.constexpr = False):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
@@ -388,8 +400,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                 row0 = start_m * BLOCK_M + cid * BLOCK_M_SPLIT
                 offs_m = row0 + tl.arange(0, BLOCK_M_SPLIT)
                 tlx.barrier_wait(q_fulls[qi], q_phase)
-                if PIPELINE and not NORM_QK:  # the QKᵀ A operand straight from the TMA-loaded buffer (SS wgmma)
-                    q = q_tiles[qi]
+                if PIPELINE and (LAZY_Q or not NORM_QK):  # the QKᵀ A operand straight from the TMA-loaded
+                    q = q_tiles[qi]  # buffer (SS wgmma); LAZY_Q: the raw Q, its rstd scales S's rows
                 else:
                     qf = tlx.local_load(q_tiles[qi]).to(tl.float32)
                     if K_MATERIALIZED:  # once per Q tile; K arrives normalized (k_n, γk included): γq only
@@ -430,10 +442,26 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     col_scale = qk_scale
                     if K_PREPASS:
                         col_scale = rstd_k * qk_scale
+                    s_scale = qk_scale
+                    if LAZY_Q:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared memory (32-column
+                        # slices, fp32) while the first QKᵀ wgmma reads the same tile; γq is in k_n
+                        ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
+                        for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
+                            qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, D_CHUNK]),
+                                                layout=Q_ROWS_LAYOUT)
+                            qc = qc.to(tl.float32)
+                            ss += tl.sum(qc * qc, 1)
+                        s_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
                     qk = tlx.async_dot_wait(0, qk)
                     tlx.barrier_arrive(k_empties[buf], 1)
-                    p, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, 0, row0, S,
-                                                       BLOCK_N, CAUSAL, COL_SCALE)  # acc = 0: no rescale
+                    if LAZY_Q:  # inline: s_scale carries the pinned row layout, which a jit call cannot take
+                        qk = _mask_tile(qk, offs_m, offs_n, 0, row0, S, BLOCK_N, CAUSAL)
+                        m_i = tl.max(qk, 1) * s_scale
+                        p = tl.math.exp2(qk * s_scale[:, None] - m_i[:, None])
+                        l_i = tl.sum(p, 1)
+                    else:
+                        p, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, 0, row0,
+                                                           S, BLOCK_N, CAUSAL, COL_SCALE)  # acc = 0: no rescale
                     p = p.to(dtype)  # the loop carries P in the input dtype (32 registers per thread, not 64)
                     cnt += 1
                     for start_n in tl.range(BLOCK_N, hi, BLOCK_N):
@@ -457,8 +485,16 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                             col_scale = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0) * qk_scale
                         qk = tlx.async_dot_wait(1, qk)  # this tile's QKᵀ done; the previous PV may still run
                         tlx.barrier_arrive(k_empties[buf], 1)
-                        p_new, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n,
-                                                               start_n, row0, S, BLOCK_N, CAUSAL, COL_SCALE)
+                        if LAZY_Q:  # _softmax_tile with the per-row scale, inline (see the first tile)
+                            qk = _mask_tile(qk, offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)
+                            m_ij = tl.maximum(m_i, tl.max(qk, 1) * s_scale)
+                            p_new = tl.math.exp2(qk * s_scale[:, None] - m_ij[:, None])
+                            alpha = tl.math.exp2(m_i - m_ij)
+                            l_i = l_i * alpha + tl.sum(p_new, 1)
+                            m_i = m_ij
+                        else:
+                            p_new, m_i, l_i, alpha = _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n,
+                                                                   start_n, row0, S, BLOCK_N, CAUSAL, COL_SCALE)
                         acc = tlx.async_dot_wait(0, acc)
                         tlx.barrier_arrive(v_empties[pbuf], 1)
                         acc = acc * alpha[:, None]
@@ -581,7 +617,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); TLX has no CPU mode (use compile_sm90)")
     q, k, v = aligned(q), aligned(k), aligned(v)
     o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps, cfg.K_NORM,
-                                                           norms, cfg.BLOCK_M)
+                                                           norms, cfg.BLOCK_M, fold_q_weight=cfg.LAZY_Q)
     if cfg.PERSISTENT:
         # shared memory: 2 Q buffers (this tile's and the next one's) + the K/V ring, bf16/fp16
         smem = 2 * cfg.BLOCK_M * D * 2 + 2 * cfg.NUM_BUFFERS * cfg.BLOCK_N * D * 2
@@ -596,7 +632,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
               NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, K_PREPASS=prepass,
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
               K_MATERIALIZED=materialize, PIPELINE=cfg.PIPELINE, PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
-              WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT,
+              WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT, LAZY_Q=cfg.LAZY_Q and norms,
               num_warps=4, num_stages=1)
     return o, launches, kw, pre
 

@@ -136,15 +136,19 @@ def _k_rstd_kernel(K, RSTD, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexp
 
 
 @triton.jit
-def _k_norm_kernel(K, KW, KN, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+def _k_norm_kernel(K, KW, KN, R, eps, QW, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                   FOLD_QW: tl.constexpr = False):
     """Pre-pass (``K_NORM = "materialize"``): ``k_n[r] = k[r] * rstd[r] * k_weight`` rounded to K's dtype, rstd in
-    fp32, for the ``R = B * Hkv * S`` rows of K."""
+    fp32, for the ``R = B * Hkv * S`` rows of K; ``FOLD_QW``: times ``q_weight`` too (the weight product in fp32;
+    the TLX ``LAZY_Q`` kernel then never scales Q's columns)."""
     offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, HEAD_DIM)
     off = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
     kf = tl.load(K + off, mask=offs_r[:, None] < R, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps)
     kw = tl.load(KW + offs_d).to(tl.float32)
+    if FOLD_QW:
+        kw = kw * tl.load(QW + offs_d).to(tl.float32)
     tl.store(KN + off, (kf * rstd[:, None] * kw[None, :]).to(KN.dtype.element_ty), mask=offs_r[:, None] < R)
 
 
@@ -266,12 +270,13 @@ def _fna_llm_fwd(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_scale,
     tl.store(o_base + q_off, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < S)
 
 
-def k_prepass(k: torch.Tensor, k_weight, eps: float, k_norm):
+def k_prepass(k: torch.Tensor, k_weight, eps: float, k_norm, fold_q_weight=None):
     """The K pre-pass launch of ``K_NORM = k_norm`` (plain Triton, also used by ``kernels_tlx.fna_llm``): returns
     ``(pre, rstd_k, k_n)`` with ``pre = (kernel, args, grid, launch kwargs)`` to run before the attention kernel,
     ``rstd_k`` a fresh fp32 ``[B * Hkv * S]`` buffer for ``"prepass"`` (``_k_rstd_kernel``) and ``k_n`` a fresh
     ``[B, Hkv, S, D]`` tensor like ``k`` for ``"materialize"`` (``_k_norm_kernel``), the other two None; all three
-    None for ``"inloop"`` or ``k_norm=None`` (attention without norms). ``k`` contiguous ``[B, Hkv, S, D]``."""
+    None for ``"inloop"`` or ``k_norm=None`` (attention without norms). ``k`` contiguous ``[B, Hkv, S, D]``.
+    ``fold_q_weight`` (a ``[D]`` q_weight, materialize only): k_n carries γq as well (TLX ``LAZY_Q``)."""
     if k_norm not in ("prepass", "materialize"):
         return None, None, None
     B, Hkv, S, D = k.shape
@@ -282,7 +287,10 @@ def k_prepass(k: torch.Tensor, k_weight, eps: float, k_norm):
         rstd_k = torch.empty(R, dtype=torch.float32, device=k.device)
         return (_k_rstd_kernel, (k, rstd_k, R, float(eps)), grid, kw), rstd_k, None
     k_n = torch.empty_like(k)
-    return (_k_norm_kernel, (k, k_weight, k_n, R, float(eps)), grid, kw), None, k_n
+    fold = fold_q_weight is not None
+    kw["FOLD_QW"] = fold
+    args = (k, k_weight, k_n, R, float(eps), fold_q_weight if fold else k_weight)
+    return (_k_norm_kernel, args, grid, kw), None, k_n
 
 
 def batch_slices(B: int, Hq: int) -> list[tuple[int, int]]:
@@ -294,17 +302,19 @@ def batch_slices(B: int, Hq: int) -> list[tuple[int, int]]:
     return chunks(B, MAX_GRID_YZ // Hq)
 
 
-def plan_launches(q, k, v, q_weight, k_weight, o_weight, eps: float, k_norm, norms: bool, BLOCK_M: int):
+def plan_launches(q, k, v, q_weight, k_weight, o_weight, eps: float, k_norm, norms: bool, BLOCK_M: int,
+                  fold_q_weight: bool = False):
     """The host side shared by the Triton and TLX attention wrappers (same kernel argument order): the output
     ``o``, the K pre-pass (``k_prepass`` with ``k_norm``, None without norms) and one ``(args, grid)`` launch per
     ``batch_slices`` slice — the tensors themselves for the usual single launch, views of q, k, v, o and rstd_k
     otherwise. Returns ``(o, launches, pre, prepass, materialize)``; materialize: the kernel reads the normalized
-    K (γ_K included) written by the pre-pass instead of K."""
+    K (γ_K included; ``fold_q_weight``: γq too) written by the pre-pass instead of K."""
     B, Hq, S, D = q.shape
     Hkv = k.shape[1]
     o = torch.empty_like(q)
     dummy = q  # never read when the matching flag is off
-    pre, rstd_k, k_n = k_prepass(k, k_weight, eps, k_norm if norms else None)
+    pre, rstd_k, k_n = k_prepass(k, k_weight, eps, k_norm if norms else None,
+                                 q_weight if (norms and fold_q_weight) else None)
     prepass, materialize = rstd_k is not None, k_n is not None
     k = k_n if materialize else k
     launches = []

@@ -181,3 +181,28 @@ def test_compile_sm90_rejects_unknown_op():
     with pytest.raises(ValueError, match="choices"):
         K.compile_sm90("matmul", *T.compile_inputs(64, 1, 8, "bf16"))
     assert json.dumps(K.TilingConfig().to_dict())
+
+
+_FOLD = r"""
+import json, torch
+from kernels_triton import fna_llm as K
+torch.manual_seed(0)
+k = torch.randn(1, 2, 37, 32) * 3
+kw, qw = torch.rand(32) + 0.5, torch.rand(32) + 0.5
+out = {}
+for fold in (False, True):
+    pre, rstd_k, k_n = K.k_prepass(k, kw, 1e-6, "materialize", qw if fold else None)
+    kernel, args, grid, kwd = pre
+    kernel[grid](*args, **kwd)
+    want = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * kw * (qw if fold else 1.0)
+    out[str(fold)] = dict(err=(k_n - want).abs().max().item(), flag=kwd["FOLD_QW"], rstd=rstd_k is None)
+print(json.dumps(out))
+"""
+
+
+def test_k_norm_prepass_folds_q_weight():
+    """``k_prepass(..., "materialize", fold_q_weight=q_weight)`` (the TLX ``LAZY_Q`` pre-pass) writes
+    ``rmsnorm(k)·γk·γq``; without it ``rmsnorm(k)·γk`` (fp32, ``TRITON_INTERPRET=1``)."""
+    r = run_python_json(_FOLD, env={"TRITON_INTERPRET": "1"}, timeout=300)
+    assert r["False"]["flag"] is False and r["True"]["flag"] is True
+    assert r["False"]["err"] < 1e-5 and r["True"]["err"] < 1e-5 and r["True"]["rstd"], r

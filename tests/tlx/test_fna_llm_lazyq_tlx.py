@@ -1,0 +1,147 @@
+"""``LAZY_Q`` of the TLX fna_llm kernel (kernels_tlx/fna_llm.py): Lazy Pre-Norm on the rows of QKᵀ —
+``rmsnorm(q)·γq · k_nᵀ = rstd_q ⊙ (q · (γq ⊙ k_n)ᵀ)``: the wgmma reads the raw Q tile, rstd_q (from the same tile in
+shared memory, while the first QKᵀ runs) scales the scores' rows inside the softmax's FMA, γq is folded into the
+materialized k_n. Checked without a GPU in what the sm_90a compile emits:
+
+1. the shipped ``-lazyq`` configs compile for both ops and variants; the fused kernel has no normalize-and-store
+   of Q (no proxy fence, no ``Q_READY_BARRIER`` warpgroup barriers), keeps the SS wgmma, spills at most 8 bytes
+   and none in a KV loop, and its KV loops have the plain attention's instruction counts within 16 (the per-row
+   scale costs nothing per score: the row sums land in the accumulator's row layout, ``Q_ROWS_LAYOUT``);
+2. the K pre-pass of a ``LAZY_Q`` config folds q_weight (``FOLD_QW``), the others do not; ``attention`` ignores it;
+3. config validation (``LAZY_Q`` needs ``PIPELINE`` and ``K_NORM = "materialize"``; a bool);
+4. GPU (marker ``gpu``): the fused op against the fp32 reference (causal and not, S = 1, ragged S, o_norm, GQA,
+   D = 64 and 128), more than 2^31 elements, and agreement with the normalize-and-store kernel.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from normfuse import compile_only
+
+if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU test may follow (see test_fna_llm_tlx)
+    compile_only.install(90)
+
+from kernels_tlx import fna_llm as K  # noqa: E402
+from normfuse.techniques import fna_llm as T  # noqa: E402
+from fna_llm_gpu import check_config, check_int64, run  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_fna_llm_persistent_tlx import SS_WGMMA, _launch, _ptx, _sass_spills  # noqa: E402
+
+ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
+       for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
+                               .read_text())["tlx"]}
+LAZY = {n: c for n, c in ALL.items() if c.get("LAZY_Q")}
+assert set(LAZY) == {"bn128-buf2-pipe-pingpong-lpt-mat-lazyq", "bn128-buf2-pipe-pingpong-persist-mat-lazyq",
+                     "bn128-buf2-pipe-coop-persist-mat-lazyq"}, LAZY
+Q_READY = re.compile(rf"\bbar\.sync\s+(?:{K.Q_READY_BARRIER.value}|{K.Q_READY_BARRIER.value + 1}),")
+
+
+def _sass_loops(ptx):
+    """Instruction count of each innermost wgmma loop of the SASS (see ``_sass_spills``), in program order."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        src.write_text(ptx)
+        subprocess.run([ptxas, "-arch=sm_90a", str(src), "-o", str(cubin)], check=True, capture_output=True)
+        sass = subprocess.run([str(Path(ptxas).parent / "cuobjdump"), "-sass", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    hgmma = [a for a, t in ins if "HGMMA" in t]
+    loops = []
+    for a, t in ins:
+        b = re.search(r"\bBRA\s+(?:`\()?0x([0-9a-f]+)", t)
+        if b and int(b.group(1), 16) < a and any(int(b.group(1), 16) <= h <= a for h in hgmma):
+            loops.append((int(b.group(1), 16), a))
+    inner = [(s, e) for s, e in loops if not any((s, e) != (s2, e2) and s <= s2 and e2 <= e for s2, e2 in loops)]
+    return [sum(s <= a <= e for a, _ in ins) for s, e in sorted(inner)]
+
+
+@pytest.mark.parametrize("name", list(LAZY))
+@pytest.mark.parametrize("causal", [True, False])
+def test_lazyq_configs_compile(name, causal):
+    cfg = LAZY[name]
+    fused, attn = _ptx(cfg, True, causal), _ptx(cfg, False, causal)
+    store = _ptx({**cfg, "LAZY_Q": False}, True, causal)  # the normalize-and-store twin
+    assert "fence.proxy.async" in store and Q_READY.search(store)
+    assert not Q_READY.search(fused) and fused.count("fence.proxy.async") == attn.count("fence.proxy.async")
+    assert SS_WGMMA.findall(fused) and "wgmma.wait_group.sync.aligned 1;" in fused
+    spill, in_loop = _sass_spills(fused)
+    assert spill <= 8 and not in_loop, (spill, in_loop)  # measured: 8 bytes causal persistent, else 0
+    lf, la = _sass_loops(fused), _sass_loops(attn)
+    assert len(lf) == len(la) and all(abs(f - a) <= 16 for f, a in zip(lf, la)), (lf, la)  # measured: <= 8
+    r = K.compile_sm90("qknorm_attention", *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=causal,
+                       o_norm=True)
+    assert r["smem_ok"] and r["num_warps"] == 12 and r["k_prepass"] == "_k_norm_kernel", r
+    assert attn == _ptx({**cfg, "LAZY_Q": False}, False, causal)  # attention ignores LAZY_Q
+
+
+def test_lazyq_prepass_folds_q_weight():
+    q, k, v, qw, kw = T.compile_inputs(300, 1, 4, "bf16")
+    for lazy in (True, False):
+        cfg = {**LAZY["bn128-buf2-pipe-pingpong-persist-mat-lazyq"], "LAZY_Q": lazy}
+        _, _, kwd, (kernel, args, _, pre_kw) = K._prepare(q, k, v, qw, kw, None, True, 1e-6, cfg, True,
+                                                          need_cuda=False)
+        assert kernel is K._k_norm_kernel and args[1] is kw and pre_kw["FOLD_QW"] is lazy and kwd["LAZY_Q"] is lazy
+        assert (args[5] is qw) is lazy
+    _, _, kwd, pre = K._prepare(q, k, v, None, None, None, True, 1e-6, LAZY["bn128-buf2-pipe-pingpong-lpt-mat-lazyq"],
+                                False, need_cuda=False)
+    assert pre is None and kwd["LAZY_Q"] is False  # attention: no pre-pass, no row scale
+
+
+def test_lazyq_config_validation():
+    with pytest.raises(ValueError, match="LAZY_Q"):
+        K.TilingConfig(LAZY_Q=1)
+    with pytest.raises(ValueError, match="LAZY_Q needs PIPELINE"):
+        K.TilingConfig(LAZY_Q=True, K_NORM="materialize")
+    with pytest.raises(ValueError, match="LAZY_Q needs PIPELINE"):
+        K.TilingConfig(LAZY_Q=True, PIPELINE=True, K_NORM="prepass")
+    assert not K.TilingConfig().LAZY_Q
+    _launch({**LAZY["bn128-buf2-pipe-coop-persist-mat-lazyq"]}, norms=True)  # valid
+
+
+# ------------------------------------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(LAZY))
+def test_lazyq_configs_shapes_gpu(name):
+    """Benchmark head layout (GQA 32 / 8, D = 128), S = 1, ragged S (zero-filled Q rows past S: rstd_q of a zero
+    row is finite), o_norm; D = 64; Hq = Hkv."""
+    cfg, bad = LAZY[name], []
+    for S, B, causal in ((2048, 2, True), (2048, 1, False), (1, 3, True), (333, 2, True), (4097, 1, False),
+                         (4097, 1, True), (333, 1, False)):
+        bad += check_config(cfg, S, B, 32, 8, 128, causal, o_norm=S == 333)
+    bad += check_config(cfg, 1000, 1, 4, 1, 64, True) + check_config(cfg, 257, 2, 3, 3, 64, False)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.gpu
+def test_lazyq_int64_gpu():
+    check_int64(LAZY["bn128-buf2-pipe-pingpong-persist-mat-lazyq"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_lazyq_agrees_with_normalized_q_gpu(causal):
+    """Same math as normalizing the Q tile (rounded to bf16) before the dot: the outputs differ by less than the
+    flash tolerance, and the raw-Q product is not further from the fp32 reference than the rounded one (2x
+    slack)."""
+    inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=5)
+    cfg = LAZY["bn128-buf2-pipe-pingpong-persist-mat-lazyq"]
+    lazy, store = run("fused", inp, causal, cfg), run("fused", inp, causal, {**cfg, "LAZY_Q": False})
+    variant = "causal" if causal else "noncausal"
+    r_lazy, r_store = T.check("fused", lazy, inp, 1e-6, variant), T.check("fused", store, inp, 1e-6, variant)
+    assert r_lazy["ok"] and r_store["ok"], (r_lazy, r_store)
+    assert r_lazy["max_abs_err"] <= 2 * r_store["max_abs_err"] + 1e-3, (r_lazy, r_store)
+    assert (lazy.float() - store.float()).abs().max().item() <= r_lazy["tol"]
