@@ -270,7 +270,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        PINGPONG: tl.constexpr, CONSUMER_REGS: tl.constexpr, K_MATERIALIZED: tl.constexpr,
                        PIPELINE: tl.constexpr = False, PINGPONG_PV: tl.constexpr = False,
                        LPT: tl.constexpr = False, WARP_ARRIVE: tl.constexpr = False,
-                       PERSISTENT: tl.constexpr = False, LAZY_Q: tl.constexpr = False):
+                       PERSISTENT: tl.constexpr = False, LAZY_Q: tl.constexpr = False,
+                       LAZY_Q_EARLY: tl.constexpr = False):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
@@ -432,6 +433,15 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     offs_n = tl.arange(0, BLOCK_N)
                     if K_PREPASS:
                         rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
+                    s_scale = qk_scale
+                    if LAZY_Q and LAZY_Q_EARLY:  # probe: rstd_q before the first QKᵀ (outside the ping-pong turn)
+                        ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
+                        for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
+                            qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, D_CHUNK]),
+                                                layout=Q_ROWS_LAYOUT)
+                            qc = qc.to(tl.float32)
+                            ss += tl.sum(qc * qc, 1)
+                        s_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
                     buf = cnt % NUM_BUFFERS
                     tlx.barrier_wait(k_fulls[buf], (cnt // NUM_BUFFERS) & 1)
                     if PINGPONG:
@@ -442,9 +452,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     col_scale = qk_scale
                     if K_PREPASS:
                         col_scale = rstd_k * qk_scale
-                    s_scale = qk_scale
-                    if LAZY_Q:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared memory (32-column
-                        # slices, fp32) while the first QKᵀ wgmma reads the same tile; γq is in k_n
+                    if LAZY_Q and not LAZY_Q_EARLY:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared
+                        # memory (32-column slices, fp32) while the first QKᵀ wgmma reads the same tile; γq is in k_n
                         ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
                         for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
                             qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, D_CHUNK]),

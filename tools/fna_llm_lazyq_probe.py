@@ -3,9 +3,10 @@ few fna_llm cells, time paired (``normfuse.timing.bench_graph_interleaved``) the
 on pre-normalized inputs (the fused kernels' data regime), the normalize-and-store fused kernel and the LAZY_Q one,
 for the ping-pong, cooperative and one-tile-per-CTA configs; then run each variant alone for ~0.5 s under NVML
 sampling (SM clock, power). Every variant is checked against the fp32 reference first (fused) or against SDPA on
-the same inputs (attention). GPU only:
+the same inputs (attention). ``fused_*_lazyearly``: the kernel's ``LAZY_Q_EARLY`` probe flag (rstd_q computed before
+the tile's first QKᵀ instead of while it runs). GPU only:
 
-    python -m tools.fna_llm_lazyq_probe --out DIR
+    python -m tools.fna_llm_lazyq_probe --out DIR [--norm-attn]
 
 Writes DIR/probe.json and prints a table (median ms, TFLOP/s, median SM MHz and W per variant)."""
 
@@ -31,16 +32,29 @@ BASES = {"pp": "bn128-buf2-pipe-pingpong-persist-mat", "coop": "bn128-buf2-pipe-
          "lpt": "bn128-buf2-pipe-pingpong-lpt-mat"}
 
 
-def variants(inp, qn, kn, causal):
+def _fused_early(inp, causal, cfg):
+    """``qknorm_attention`` with the kernel's ``LAZY_Q_EARLY`` probe flag (rstd_q before the first QKᵀ)."""
+    o, launches, kw, pre = K._prepare(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], None, causal,
+                                      1e-6, cfg, True)
+    kernel, args, grid, pkw = pre
+    kernel[grid](*args, **pkw)
+    for a, g in launches:
+        K._fna_llm_ws_kernel[g](*a, **kw, LAZY_Q_EARLY=True)
+    return o
+
+
+def variants(inp, qn, kn, causal, with_norm_attn=True):
     out = {}
     for tag, name in BASES.items():
         cfg = CFGS[name]
         out[f"attn_{tag}_raw"] = lambda c=cfg: K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=c)
-        out[f"attn_{tag}_norm"] = lambda c=cfg: K.attention(qn, kn, inp["v"], causal=causal, config=c)
+        if with_norm_attn:
+            out[f"attn_{tag}_norm"] = lambda c=cfg: K.attention(qn, kn, inp["v"], causal=causal, config=c)
         for lazy in (False, True):
             c = {**cfg, "LAZY_Q": lazy}
             out[f"fused_{tag}_{'lazy' if lazy else 'store'}"] = lambda c=c: K.qknorm_attention(
                 inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal, config=c)
+        out[f"fused_{tag}_lazyearly"] = lambda c={**cfg, "LAZY_Q": True}: _fused_early(inp, causal, c)
     return out
 
 
@@ -48,13 +62,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--norm-attn", action="store_true", help="also the plain attention on pre-normalized inputs")
     args = ap.parse_args()
     rows = []
     for S, B, causal in SHAPES:
         inp = T.make_inputs(S, B, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=S + B)
         qn = T.rmsnorm(inp["q"], inp["q_weight"], 1e-6).to(torch.bfloat16)
         kn = T.rmsnorm(inp["k"], inp["k_weight"], 1e-6).to(torch.bfloat16)
-        fns = variants(inp, qn, kn, causal)
+        fns = variants(inp, qn, kn, causal, with_norm_attn=args.norm_attn)
         variant = "causal" if causal else "noncausal"
         ok = {}
         for name, fn in fns.items():  # correct before timed
