@@ -38,6 +38,14 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
   - ``WARP_ARRIVE``: the K / V ``empty`` barriers count every consumer thread (``alloc_warp_barrier``), so a
     release is a per-thread arrive after the thread's own wgmma wait, without the warpgroup ``bar.sync`` that the
     elected-thread arrive needs;
+  - ``LAZY_Q`` (with ``PIPELINE`` and ``K_NORM = "materialize"``): Lazy Pre-Norm on the rows of QKᵀ,
+    ``rmsnorm(q)·γq · k_nᵀ = rstd_q ⊙ (q · (γq ⊙ k_n)ᵀ)``: the wgmma reads the raw, TMA-loaded Q tile (no
+    normalize-and-store, no proxy fence, no ``Q_READY_BARRIER``), the K pre-pass folds γq into k_n, and each
+    warpgroup reads its Q tile once more from shared memory (``Q_ROWS_LAYOUT``: the row sums land in the wgmma
+    accumulator's row layout) for ``rstd_q · log2(e)/sqrt(D)``, the per-row scale of the softmax's FMA (one FMA per
+    score, as before). Where it is computed matters with ``PINGPONG``: while the tile's first QKᵀ runs it shifted
+    the two warpgroups' phase (20-27 % slower at S >= 4096), before the first QKᵀ it is the fastest fused form
+    measured, so ``LAZY_Q_EARLY = PINGPONG`` (``tools/fna_llm_lazyq_probe.py``);
   - epilogue: ``acc / l``, optional output RMSNorm, masked pointer store.
 * **Order** (``LPT``, causal only): the CTA index is remapped so that the heaviest Q tiles (the last ones, with
   the longest KV prefix) of every (batch, head) of the launch are dispatched first (longest-processing-time first,
@@ -434,7 +442,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     if K_PREPASS:
                         rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
                     s_scale = qk_scale
-                    if LAZY_Q and LAZY_Q_EARLY:  # probe: rstd_q before the first QKᵀ (outside the ping-pong turn)
+                    if LAZY_Q and LAZY_Q_EARLY:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared memory
+                        # (32-column slices, fp32; γq is in k_n). LAZY_Q_EARLY (= PINGPONG): before the tile's first
+                        # QKᵀ, outside the ping-pong turn (computed while the first QKᵀ runs, it shifted the two
+                        # warpgroups' phase and cost 20-27 % at S >= 4096; tools/fna_llm_lazyq_probe.py)
                         ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
                         for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
                             qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, D_CHUNK]),
@@ -452,8 +463,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     col_scale = qk_scale
                     if K_PREPASS:
                         col_scale = rstd_k * qk_scale
-                    if LAZY_Q and not LAZY_Q_EARLY:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared
-                        # memory (32-column slices, fp32) while the first QKᵀ wgmma reads the same tile; γq is in k_n
+                    if LAZY_Q and not LAZY_Q_EARLY:  # cooperative: while the first QKᵀ wgmma reads the same tile
                         ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
                         for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
                             qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, D_CHUNK]),
@@ -642,6 +652,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
               K_MATERIALIZED=materialize, PIPELINE=cfg.PIPELINE, PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
               WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT, LAZY_Q=cfg.LAZY_Q and norms,
+              LAZY_Q_EARLY=cfg.PINGPONG,
               num_warps=4, num_stages=1)
     return o, launches, kw, pre
 

@@ -1,10 +1,11 @@
-"""Probe of the TLX QK-norm attention's LAZY_Q slowdown with PINGPONG (results/fna_llm_lazyq/20261201_h200): at a
+"""Probe of the TLX QK-norm attention's LAZY_Q slowdown with PINGPONG (results/fna_llm_lazyq/20261201_h200_overlapped,
+where rstd_q was computed while the first QKᵀ ran in every config): at a
 few fna_llm cells, time paired (``normfuse.timing.bench_graph_interleaved``) the plain attention on the raw inputs and
 on pre-normalized inputs (the fused kernels' data regime), the normalize-and-store fused kernel and the LAZY_Q one,
 for the ping-pong, cooperative and one-tile-per-CTA configs; then run each variant alone for ~0.5 s under NVML
-sampling (SM clock, power). Every variant is checked against the fp32 reference first (fused) or against SDPA on
-the same inputs (attention). ``fused_*_lazyearly``: the kernel's ``LAZY_Q_EARLY`` probe flag (rstd_q computed before
-the tile's first QKᵀ instead of while it runs). GPU only:
+sampling (SM clock, power). Every variant is checked first against the fp32 reference of the inputs it is given. ``fused_*_lazy``: rstd_q computed while the tile's first QKᵀ runs
+(``LAZY_Q_EARLY`` forced off), ``fused_*_lazyearly``: before it (forced on; the shipped configs take
+``LAZY_Q_EARLY = PINGPONG``). GPU only:
 
     python -m tools.fna_llm_lazyq_probe --out DIR [--norm-attn]
 
@@ -32,14 +33,15 @@ BASES = {"pp": "bn128-buf2-pipe-pingpong-persist-mat", "coop": "bn128-buf2-pipe-
          "lpt": "bn128-buf2-pipe-pingpong-lpt-mat"}
 
 
-def _fused_early(inp, causal, cfg):
-    """``qknorm_attention`` with the kernel's ``LAZY_Q_EARLY`` probe flag (rstd_q before the first QKᵀ)."""
+def _fused_lazy_at(inp, causal, cfg, early: bool):
+    """``qknorm_attention`` with ``LAZY_Q`` and the kernel's ``LAZY_Q_EARLY`` forced to ``early`` (rstd_q before
+    the tile's first QKᵀ, or while it runs; the shipped configs take ``LAZY_Q_EARLY = PINGPONG``)."""
     o, launches, kw, pre = K._prepare(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], None, causal,
                                       1e-6, cfg, True)
     kernel, args, grid, pkw = pre
     kernel[grid](*args, **pkw)
     for a, g in launches:
-        K._fna_llm_ws_kernel[g](*a, **kw, LAZY_Q_EARLY=True)
+        K._fna_llm_ws_kernel[g](*a, **{**kw, "LAZY_Q_EARLY": early})
     return o
 
 
@@ -50,11 +52,11 @@ def variants(inp, qn, kn, causal, with_norm_attn=True):
         out[f"attn_{tag}_raw"] = lambda c=cfg: K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=c)
         if with_norm_attn:
             out[f"attn_{tag}_norm"] = lambda c=cfg: K.attention(qn, kn, inp["v"], causal=causal, config=c)
-        for lazy in (False, True):
-            c = {**cfg, "LAZY_Q": lazy}
-            out[f"fused_{tag}_{'lazy' if lazy else 'store'}"] = lambda c=c: K.qknorm_attention(
-                inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal, config=c)
-        out[f"fused_{tag}_lazyearly"] = lambda c={**cfg, "LAZY_Q": True}: _fused_early(inp, causal, c)
+        out[f"fused_{tag}_store"] = lambda c=cfg: K.qknorm_attention(
+            inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], causal=causal, config=c)
+        for early in (False, True):
+            out[f"fused_{tag}_lazy{'early' if early else ''}"] = lambda c={**cfg, "LAZY_Q": True}, e=early: (
+                _fused_lazy_at(inp, causal, c, e))
     return out
 
 

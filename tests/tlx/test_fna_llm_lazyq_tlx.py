@@ -8,6 +8,7 @@ materialized k_n. Checked without a GPU in what the sm_90a compile emits:
    and none in a KV loop, and its KV loops have the plain attention's instruction counts within 16 (the per-row
    scale costs nothing per score: the row sums land in the accumulator's row layout, ``Q_ROWS_LAYOUT``);
 2. the K pre-pass of a ``LAZY_Q`` config folds q_weight (``FOLD_QW``), the others do not; ``attention`` ignores it;
+   rstd_q is computed before the tile's first QKᵀ with ``PINGPONG`` (``LAZY_Q_EARLY``), while it runs otherwise;
 3. config validation (``LAZY_Q`` needs ``PIPELINE`` and ``K_NORM = "materialize"``; a bool);
 4. GPU (marker ``gpu``): the fused op against the fp32 reference (causal and not, S = 1, ragged S, o_norm, GQA,
    D = 64 and 128), more than 2^31 elements, and agreement with the normalize-and-store kernel.
@@ -93,6 +94,7 @@ def test_lazyq_prepass_folds_q_weight():
         _, _, kwd, (kernel, args, _, pre_kw) = K._prepare(q, k, v, qw, kw, None, True, 1e-6, cfg, True,
                                                           need_cuda=False)
         assert kernel is K._k_norm_kernel and args[1] is kw and pre_kw["FOLD_QW"] is lazy and kwd["LAZY_Q"] is lazy
+        assert kwd["LAZY_Q_EARLY"] is cfg["PINGPONG"]  # ping-pong: rstd_q before the first QKᵀ, outside the turn
         assert (args[5] is qw) is lazy
     _, _, kwd, pre = K._prepare(q, k, v, None, None, None, True, 1e-6, LAZY["bn128-buf2-pipe-pingpong-lpt-mat-lazyq"],
                                 False, need_cuda=False)
