@@ -43,9 +43,11 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
     normalize-and-store, no proxy fence, no ``Q_READY_BARRIER``), the K pre-pass folds γq into k_n, and each
     warpgroup reads its Q tile once more from shared memory (``Q_ROWS_LAYOUT``: the row sums land in the wgmma
     accumulator's row layout) for ``rstd_q · log2(e)/sqrt(D)``, the per-row scale of the softmax's FMA (one FMA per
-    score, as before). Where it is computed matters with ``PINGPONG``: while the tile's first QKᵀ runs it shifted
-    the two warpgroups' phase (20-27 % slower at S >= 4096), before the first QKᵀ it is the fastest fused form
-    measured, so ``LAZY_Q_EARLY = PINGPONG`` (``tools/fna_llm_lazyq_probe.py``);
+    score, as before). Where it is computed matters with ``PINGPONG``: computed while the tile's first QKᵀ runs,
+    the ping-pong kernels lost 13-32 % against normalize-and-store at S >= 4096 (persistent: non-causal only) —
+    read as a shift of the two warpgroups' phase, not profiled —; computed before the first QKᵀ, the persistent
+    ping-pong form is the fastest fused kernel in 10 of the 20 fna_llm cells; so ``LAZY_Q_EARLY = PINGPONG``
+    (``tools/fna_llm_lazyq_probe.py``, results/fna_llm_lazyq/);
   - epilogue: ``acc / l``, optional output RMSNorm, masked pointer store.
 * **Order** (``LPT``, causal only): the CTA index is remapped so that the heaviest Q tiles (the last ones, with
   the longest KV prefix) of every (batch, head) of the launch are dispatched first (longest-processing-time first,
@@ -154,7 +156,8 @@ class TilingConfig(TilingConfigBase):
     ``PERSISTENT`` (a grid of min(#SMs, work tiles) CTAs, each walking a static list of (Q tile, batch x head)
     work tiles with the next tile's Q prefetched into a second Q buffer; causal: heaviest first, so ``LPT`` is
     implied; K_NORM prepass or materialize), ``LAZY_Q`` (with ``PIPELINE`` and ``K_NORM = "materialize"``: Q's
-    rstd applied to the rows of S, γq folded into k_n, instead of normalizing the Q tile in shared memory). Raises
+    rstd applied to the rows of S, γq folded into k_n, instead of normalizing the Q tile in shared memory; computed
+    before the tile's first QKᵀ with ``PINGPONG``, while it runs without; ``attention`` ignores it). Raises
     ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
@@ -444,8 +447,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     s_scale = qk_scale
                     if LAZY_Q and LAZY_Q_EARLY:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared memory
                         # (32-column slices, fp32; γq is in k_n). LAZY_Q_EARLY (= PINGPONG): before the tile's first
-                        # QKᵀ, outside the ping-pong turn (computed while the first QKᵀ runs, it shifted the two
-                        # warpgroups' phase and cost 20-27 % at S >= 4096; tools/fna_llm_lazyq_probe.py)
+                        # QKᵀ, outside the ping-pong turn (computed while the first QKᵀ runs, the ping-pong kernels
+                        # lost 13-32 % at S >= 4096; tools/fna_llm_lazyq_probe.py)
                         ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
                         for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
                             qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, D_CHUNK]),
@@ -464,6 +467,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     if K_PREPASS:
                         col_scale = rstd_k * qk_scale
                     if LAZY_Q and not LAZY_Q_EARLY:  # cooperative: while the first QKᵀ wgmma reads the same tile
+                        # (the block above, repeated: a jit helper can neither take nor return a tensor of a pinned
+                        # tlx.layout - the call's signature carries no layout - so it stays inline)
                         ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
                         for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
                             qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, D_CHUNK]),
@@ -636,7 +641,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); TLX has no CPU mode (use compile_sm90)")
     q, k, v = aligned(q), aligned(k), aligned(v)
     o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps, cfg.K_NORM,
-                                                           norms, cfg.BLOCK_M, fold_q_weight=cfg.LAZY_Q)
+                                                           norms, cfg.BLOCK_M, fold_qw=cfg.LAZY_Q)
     if cfg.PERSISTENT:
         # shared memory: 2 Q buffers (this tile's and the next one's) + the K/V ring, bf16/fp16
         smem = 2 * cfg.BLOCK_M * D * 2 + 2 * cfg.NUM_BUFFERS * cfg.BLOCK_N * D * 2

@@ -276,7 +276,11 @@ def k_prepass(k: torch.Tensor, k_weight, eps: float, k_norm, fold_q_weight=None)
     ``rstd_k`` a fresh fp32 ``[B * Hkv * S]`` buffer for ``"prepass"`` (``_k_rstd_kernel``) and ``k_n`` a fresh
     ``[B, Hkv, S, D]`` tensor like ``k`` for ``"materialize"`` (``_k_norm_kernel``), the other two None; all three
     None for ``"inloop"`` or ``k_norm=None`` (attention without norms). ``k`` contiguous ``[B, Hkv, S, D]``.
-    ``fold_q_weight`` (a ``[D]`` q_weight, materialize only): k_n carries γq as well (TLX ``LAZY_Q``)."""
+    ``fold_q_weight`` (a ``[D]`` q_weight, materialize only; ValueError otherwise): k_n carries γq as well (TLX
+    ``LAZY_Q``)."""
+    if fold_q_weight is not None and k_norm != "materialize":
+        raise ValueError(f"fold_q_weight needs k_norm='materialize' (γq is folded into the normalized K), got "
+                         f"{k_norm!r}")
     if k_norm not in ("prepass", "materialize"):
         return None, None, None
     B, Hkv, S, D = k.shape
@@ -303,18 +307,19 @@ def batch_slices(B: int, Hq: int) -> list[tuple[int, int]]:
 
 
 def plan_launches(q, k, v, q_weight, k_weight, o_weight, eps: float, k_norm, norms: bool, BLOCK_M: int,
-                  fold_q_weight: bool = False):
+                  fold_qw: bool = False):
     """The host side shared by the Triton and TLX attention wrappers (same kernel argument order): the output
     ``o``, the K pre-pass (``k_prepass`` with ``k_norm``, None without norms) and one ``(args, grid)`` launch per
     ``batch_slices`` slice — the tensors themselves for the usual single launch, views of q, k, v, o and rstd_k
     otherwise. Returns ``(o, launches, pre, prepass, materialize)``; materialize: the kernel reads the normalized
-    K (γ_K included; ``fold_q_weight``: γq too) written by the pre-pass instead of K."""
+    K (γ_K included; ``fold_qw`` with ``norms``: γq too, ``k_prepass(fold_q_weight=q_weight)``) written by the
+    pre-pass instead of K."""
     B, Hq, S, D = q.shape
     Hkv = k.shape[1]
     o = torch.empty_like(q)
     dummy = q  # never read when the matching flag is off
     pre, rstd_k, k_n = k_prepass(k, k_weight, eps, k_norm if norms else None,
-                                 q_weight if (norms and fold_q_weight) else None)
+                                 q_weight if (norms and fold_qw) else None)
     prepass, materialize = rstd_k is not None, k_n is not None
     k = k_n if materialize else k
     launches = []

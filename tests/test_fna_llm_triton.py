@@ -206,3 +206,9 @@ def test_k_norm_prepass_folds_q_weight():
     r = run_python_json(_FOLD, env={"TRITON_INTERPRET": "1"}, timeout=300)
     assert r["False"]["flag"] is False and r["True"]["flag"] is True
     assert r["False"]["err"] < 1e-5 and r["True"]["err"] < 1e-5 and r["True"]["rstd"], r
+    from kernels_triton import fna_llm as K
+
+    k, w = torch.empty(1, 1, 4, 16), torch.empty(16)
+    for mode in ("prepass", "inloop", None):  # only the normalized copy can carry γq
+        with pytest.raises(ValueError, match="fold_q_weight needs k_norm='materialize'"):
+            K.k_prepass(k, w, 1e-6, mode, w)

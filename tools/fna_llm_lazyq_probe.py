@@ -7,9 +7,13 @@ sampling (SM clock, power). Every variant is checked first against the fp32 refe
 (``LAZY_Q_EARLY`` forced off), ``fused_*_lazyearly``: before it (forced on; the shipped configs take
 ``LAZY_Q_EARLY = PINGPONG``). GPU only:
 
-    python -m tools.fna_llm_lazyq_probe --out DIR [--norm-attn]
+    python -m tools.fna_llm_lazyq_probe --out DIR [--norm-attn] [--rounds 15]
 
-Writes DIR/probe.json and prints a table (median ms, TFLOP/s, median SM MHz and W per variant)."""
+from the repository root (the tiling YAML is read from ``configs/``), with the TLX environment on the path.
+``--norm-attn`` adds the plain attention on pre-normalized inputs (``attn_*_norm``); ``--rounds``: paired rounds
+per cell. The graphs are ``bench_graph_interleaved``'s default 60 ms per replay (the runner's paired windows use
+3 ms), a sustained-power regime. Writes DIR/probe.json and prints a table (median ms, TFLOP/s, median SM MHz and W
+per variant)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
 """``LAZY_Q`` of the TLX fna_llm kernel (kernels_tlx/fna_llm.py): Lazy Pre-Norm on the rows of QKᵀ —
 ``rmsnorm(q)·γq · k_nᵀ = rstd_q ⊙ (q · (γq ⊙ k_n)ᵀ)``: the wgmma reads the raw Q tile, rstd_q (from the same tile in
-shared memory, while the first QKᵀ runs) scales the scores' rows inside the softmax's FMA, γq is folded into the
-materialized k_n. Checked without a GPU in what the sm_90a compile emits:
+shared memory; before the tile's first QKᵀ with ``PINGPONG``, while it runs without) scales the scores' rows
+inside the softmax's FMA, γq is folded into the materialized k_n. Checked without a GPU in what the sm_90a
+compile emits:
 
 1. the shipped ``-lazyq`` configs compile for both ops and variants; the fused kernel has no normalize-and-store
    of Q (no proxy fence, no ``Q_READY_BARRIER`` warpgroup barriers), keeps the SS wgmma, spills at most 8 bytes
-   and none in a KV loop, and its KV loops have the plain attention's instruction counts within 16 (the per-row
-   scale costs nothing per score: the row sums land in the accumulator's row layout, ``Q_ROWS_LAYOUT``);
+   and none in a KV loop, and its KV loops have the plain attention's instruction counts within 16 (measured: 8;
+   the per-row scale costs nothing per score: the row sums land in the accumulator's row layout,
+   ``Q_ROWS_LAYOUT``);
 2. the K pre-pass of a ``LAZY_Q`` config folds q_weight (``FOLD_QW``), the others do not; ``attention`` ignores it;
    rstd_q is computed before the tile's first QKᵀ with ``PINGPONG`` (``LAZY_Q_EARLY``), while it runs otherwise;
 3. config validation (``LAZY_Q`` needs ``PIPELINE`` and ``K_NORM = "materialize"``; a bool);
@@ -32,7 +34,8 @@ from normfuse.techniques import fna_llm as T  # noqa: E402
 from fna_llm_gpu import check_config, check_int64, run  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_fna_llm_persistent_tlx import SS_WGMMA, _launch, _ptx, _sass_spills  # noqa: E402
+from test_fna_llm_persistent_tlx import (SS_WGMMA, _compile_sass, _inner_wgmma_loops, _launch, _ptx,  # noqa: E402
+                                         _sass_spills)
 
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
@@ -45,27 +48,8 @@ Q_READY = re.compile(rf"\bbar\.sync\s+(?:{K.Q_READY_BARRIER.value}|{K.Q_READY_BA
 
 def _sass_loops(ptx):
     """Instruction count of each innermost wgmma loop of the SASS (see ``_sass_spills``), in program order."""
-    import subprocess
-    import tempfile
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(90).path
-    with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        src.write_text(ptx)
-        subprocess.run([ptxas, "-arch=sm_90a", str(src), "-o", str(cubin)], check=True, capture_output=True)
-        sass = subprocess.run([str(Path(ptxas).parent / "cuobjdump"), "-sass", str(cubin)], capture_output=True,
-                              text=True, check=True).stdout
-    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    hgmma = [a for a, t in ins if "HGMMA" in t]
-    loops = []
-    for a, t in ins:
-        b = re.search(r"\bBRA\s+(?:`\()?0x([0-9a-f]+)", t)
-        if b and int(b.group(1), 16) < a and any(int(b.group(1), 16) <= h <= a for h in hgmma):
-            loops.append((int(b.group(1), 16), a))
-    inner = [(s, e) for s, e in loops if not any((s, e) != (s2, e2) and s <= s2 and e2 <= e for s2, e2 in loops)]
-    return [sum(s <= a <= e for a, _ in ins) for s, e in sorted(inner)]
+    ins, inner = _inner_wgmma_loops(_compile_sass(ptx)[1])
+    return [sum(s <= a <= e for a, _ in ins) for s, e in inner]
 
 
 @pytest.mark.parametrize("name", list(LAZY))

@@ -67,9 +67,8 @@ def _ptx(cfg, norms=False, causal=True, **kw):
     return K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd).asm["ptx"]
 
 
-def _sass_spills(ptx):
-    """``(spill-store bytes, local-memory accesses inside a KV loop)``: ptxas -v, then cuobjdump's SASS; a KV loop
-    is a backward branch's range that holds wgmma (HGMMA) and no other such loop (the innermost ones)."""
+def _compile_sass(ptx):
+    """``(ptxas -v output, cuobjdump SASS)`` of ``ptx`` for sm_90a."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     ptxas = get_ptxas(90).path
@@ -77,10 +76,15 @@ def _sass_spills(ptx):
         src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         src.write_text(ptx)
         p = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(cubin)], capture_output=True, text=True)
-        m = re.search(r"(\d+) bytes spill stores", p.stdout + p.stderr)
-        assert p.returncode == 0 and m, p.stderr[-2000:]
+        assert p.returncode == 0, p.stderr[-2000:]
         sass = subprocess.run([str(Path(ptxas).parent / "cuobjdump"), "-sass", str(cubin)], capture_output=True,
                               text=True, check=True).stdout
+    return p.stdout + p.stderr, sass
+
+
+def _inner_wgmma_loops(sass):
+    """``(instructions [(address, text)], loops [(start, end)])``: the innermost loops of the SASS that hold wgmma
+    (HGMMA), a loop being a backward branch's range."""
     ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     hgmma = [a for a, t in ins if "HGMMA" in t]
     loops = []
@@ -89,6 +93,16 @@ def _sass_spills(ptx):
         if b and int(b.group(1), 16) < a and any(int(b.group(1), 16) <= h <= a for h in hgmma):
             loops.append((int(b.group(1), 16), a))
     inner = [(s, e) for s, e in loops if not any((s, e) != (s2, e2) and s <= s2 and e2 <= e for s2, e2 in loops)]
+    return ins, sorted(inner)
+
+
+def _sass_spills(ptx):
+    """``(spill-store bytes, local-memory accesses inside a KV loop)``: ptxas -v, then cuobjdump's SASS; a KV loop
+    is a backward branch's range that holds wgmma (HGMMA) and no other such loop (the innermost ones)."""
+    log, sass = _compile_sass(ptx)
+    m = re.search(r"(\d+) bytes spill stores", log)
+    assert m, log[-2000:]
+    ins, inner = _inner_wgmma_loops(sass)
     local = [a for a, t in ins if re.search(r"\b(?:LDL|STL)\b", t)]
     assert inner, "no wgmma loop found in the SASS"
     return int(m.group(1)), [hex(a) for a in local if any(s <= a <= e for s, e in inner)]
