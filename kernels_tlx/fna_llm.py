@@ -122,6 +122,7 @@ import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+from triton.language.extra.cuda import gdc_wait
 
 from kernels_triton.fna_llm import (RSTD_BLOCK_ROWS, _k_norm_kernel, _k_rstd_kernel, batch_slices,  # noqa: F401
                                     k_prepass, plan_launches)
@@ -157,7 +158,9 @@ class TilingConfig(TilingConfigBase):
     work tiles with the next tile's Q prefetched into a second Q buffer; causal: heaviest first, so ``LPT`` is
     implied; K_NORM prepass or materialize), ``LAZY_Q`` (with ``PIPELINE`` and ``K_NORM = "materialize"``: Q's
     rstd applied to the rows of S, γq folded into k_n, instead of normalizing the Q tile in shared memory; computed
-    before the tile's first QKᵀ with ``PINGPONG``, while it runs without; ``attention`` ignores it). Raises
+    before the tile's first QKᵀ with ``PINGPONG``, while it runs without; ``attention`` ignores it), ``PDL``
+    (``K_NORM = "materialize"``: the fused op launches the attention kernel as a programmatic dependent of the K
+    pre-pass, which triggers it at once; the producer waits for the pre-pass before its first K load). Raises
     ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
@@ -171,6 +174,7 @@ class TilingConfig(TilingConfigBase):
     WARP_ARRIVE: bool = False
     PERSISTENT: bool = False
     LAZY_Q: bool = False
+    PDL: bool = False
 
     def __post_init__(self):
         if self.BLOCK_M != 128:
@@ -183,7 +187,7 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"PINGPONG must be a bool, got {self.PINGPONG!r}")
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
-        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q"):
+        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q", "PDL"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.PINGPONG_PV and not (self.PIPELINE and self.PINGPONG):
@@ -195,6 +199,9 @@ class TilingConfig(TilingConfigBase):
         if self.PERSISTENT and self.K_NORM == "inloop":
             raise ValueError("PERSISTENT supports K_NORM prepass or materialize, not inloop (the in-loop K norm stays "
                              "on the one-tile-per-CTA grid)")
+        if self.PDL and self.K_NORM != "materialize":
+            raise ValueError("PDL needs K_NORM materialize (only the producer's K loads read the pre-pass's output "
+                             "and wait for it; prepass's rstd_k is read by the consumers)")
         if self.LAZY_Q and not (self.PIPELINE and self.K_NORM == "materialize"):
             raise ValueError("LAZY_Q needs PIPELINE and K_NORM materialize (γq is folded into the materialized k_n; "
                              "the row scale lives in the pipelined loop's softmax)")
@@ -282,7 +289,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        PIPELINE: tl.constexpr = False, PINGPONG_PV: tl.constexpr = False,
                        LPT: tl.constexpr = False, WARP_ARRIVE: tl.constexpr = False,
                        PERSISTENT: tl.constexpr = False, LAZY_Q: tl.constexpr = False,
-                       LAZY_Q_EARLY: tl.constexpr = False):
+                       LAZY_Q_EARLY: tl.constexpr = False, PDL: tl.constexpr = False):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
@@ -373,6 +380,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                         tlx.barrier_expect_bytes(q_fulls[cid], 2 * BLOCK_M_SPLIT * HEAD_DIM)
                         tlx.async_descriptor_load(desc_q, q_tiles[cid], [start_m * BLOCK_M + cid * BLOCK_M_SPLIT, 0],
                                                   q_fulls[cid])
+                if PDL:  # programmatic dependent launch: the K pre-pass (the previous grid) has written k_n before
+                    gdc_wait()  # the first K load (Q, V and the CTA's setup above overlap its tail)
                 for start_n in tl.range(0, hi, BLOCK_N):
                     buf = cnt % NUM_BUFFERS
                     kv_phase = kv_phase ^ (buf == 0)
@@ -642,6 +651,8 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     q, k, v = aligned(q), aligned(k), aligned(v)
     o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps, cfg.K_NORM,
                                                            norms, cfg.BLOCK_M, fold_qw=cfg.LAZY_Q)
+    if cfg.PDL and materialize:  # the pre-pass lets the attention kernel (a programmatic dependent) launch at once
+        pre = pre[:3] + ({**pre[3], "PDL_TRIGGER": True},)
     if cfg.PERSISTENT:
         # shared memory: 2 Q buffers (this tile's and the next one's) + the K/V ring, bf16/fp16
         smem = 2 * cfg.BLOCK_M * D * 2 + 2 * cfg.NUM_BUFFERS * cfg.BLOCK_N * D * 2
@@ -657,7 +668,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
               K_MATERIALIZED=materialize, PIPELINE=cfg.PIPELINE, PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
               WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT, LAZY_Q=cfg.LAZY_Q and norms,
-              LAZY_Q_EARLY=cfg.PINGPONG,
+              LAZY_Q_EARLY=cfg.PINGPONG, PDL=cfg.PDL and materialize, launch_pdl=cfg.PDL and materialize,
               num_warps=4, num_stages=1)
     return o, launches, kw, pre
 

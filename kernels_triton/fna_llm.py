@@ -75,6 +75,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index
 from normfuse.techniques.fna_llm import check_inputs
@@ -137,10 +138,14 @@ def _k_rstd_kernel(K, RSTD, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexp
 
 @triton.jit
 def _k_norm_kernel(K, KW, KN, R, eps, QW, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                   FOLD_QW: tl.constexpr = False):
+                   FOLD_QW: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False):
     """Pre-pass (``K_NORM = "materialize"``): ``k_n[r] = k[r] * rstd[r] * k_weight`` rounded to K's dtype, rstd in
     fp32, for the ``R = B * Hkv * S`` rows of K; ``FOLD_QW``: times ``q_weight`` too (the weight product in fp32;
-    the TLX ``LAZY_Q`` kernel then never scales Q's columns)."""
+    the TLX ``LAZY_Q`` kernel then never scales Q's columns); ``PDL_TRIGGER``: first lets the next grid (the TLX
+    attention kernel, launched as a programmatic dependent, ``PDL``) start, which waits for this grid before it
+    reads k_n."""
+    if PDL_TRIGGER:
+        gdc_launch_dependents()
     offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, HEAD_DIM)
     off = offs_r[:, None] * HEAD_DIM + offs_d[None, :]

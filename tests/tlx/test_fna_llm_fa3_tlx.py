@@ -37,8 +37,9 @@ from fna_llm_gpu import check_batch_slices, check_config, check_int64  # noqa: E
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
                                .read_text())["tlx"]}
-# PERSISTENT: test_fna_llm_persistent_tlx, LAZY_Q: test_fna_llm_lazyq_tlx
-FA3 = {n: c for n, c in ALL.items() if c.get("PIPELINE") and not c.get("PERSISTENT") and not c.get("LAZY_Q")}
+# PERSISTENT: test_fna_llm_persistent_tlx, LAZY_Q and PDL: test_fna_llm_lazyq_tlx
+FA3 = {n: c for n, c in ALL.items()
+       if c.get("PIPELINE") and not c.get("PERSISTENT") and not c.get("LAZY_Q") and not c.get("PDL")}
 assert len(FA3) == 5 and {c["K_NORM"] for c in FA3.values()} == {"prepass", "materialize"}, FA3
 SS_WGMMA = re.compile(r"wgmma\.mma_async\S*\s+\{[^}]*\},\s*%rd\d+,\s*%rd\d+")  # A and B both smem descriptors
 

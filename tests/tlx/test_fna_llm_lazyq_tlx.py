@@ -14,6 +14,12 @@ compile emits:
 3. config validation (``LAZY_Q`` needs ``PIPELINE`` and ``K_NORM = "materialize"``; a bool);
 4. GPU (marker ``gpu``): the fused op against the fp32 reference (causal and not, S = 1, ragged S, o_norm, GQA,
    D = 64 and 128), more than 2^31 elements, and agreement with the normalize-and-store kernel.
+
+``PDL`` (programmatic dependent launch of the attention kernel after the K pre-pass; ``-pdl`` entries): on CPU, the
+pre-pass triggers its dependents (``griddepcontrol.launch_dependents``), the fused kernel waits once before its K
+loads (``griddepcontrol.wait``, in the producer) and is launched with ``launch_pdl``, the plain attention does
+neither, PDL needs ``K_NORM = "materialize"``; on the GPU, the ``-pdl`` entries at the odd shapes and bit-identical
+to their twins without PDL, eagerly and replayed in a CUDA graph.
 """
 
 import re
@@ -40,9 +46,13 @@ from test_fna_llm_persistent_tlx import (SS_WGMMA, _compile_sass, _inner_wgmma_l
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
                                .read_text())["tlx"]}
-LAZY = {n: c for n, c in ALL.items() if c.get("LAZY_Q")}
+LAZY = {n: c for n, c in ALL.items() if c.get("LAZY_Q") and not c.get("PDL")}
 assert set(LAZY) == {"bn128-buf2-pipe-pingpong-lpt-mat-lazyq", "bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                      "bn128-buf2-pipe-coop-persist-mat-lazyq"}, LAZY
+PDL = {n: c for n, c in ALL.items() if c.get("PDL")}  # each the same entry without PDL plus "-pdl"
+assert set(PDL) == {f"{n}-pdl" for n in ("bn128-buf2-pipe-pingpong-persist-mat-lazyq",
+                                         "bn128-buf2-pipe-coop-persist-mat-lazyq",
+                                         "bn128-buf2-pipe-pingpong-lpt-mat")}, PDL
 Q_READY = re.compile(rf"\bbar\.sync\s+(?:{K.Q_READY_BARRIER.value}|{K.Q_READY_BARRIER.value + 1}),")
 
 
@@ -96,6 +106,32 @@ def test_lazyq_config_validation():
     _launch({**LAZY["bn128-buf2-pipe-coop-persist-mat-lazyq"]}, norms=True)  # valid
 
 
+@pytest.mark.parametrize("name", list(PDL))
+def test_pdl_configs_compile(name):
+    cfg = PDL[name]
+    q, k, v, qw, kw = T.compile_inputs(1000, 2, 32, "bf16")
+    _, launches, kwd, (kernel, args, grid, pre_kw) = K._prepare(q, k, v, qw, kw, None, True, 1e-6, cfg, True,
+                                                                need_cuda=False)
+    assert kwd["PDL"] and kwd["launch_pdl"] and pre_kw["PDL_TRIGGER"], (kwd, pre_kw)
+    assert kernel.warmup(*args, grid=grid, **pre_kw).asm["ptx"].count("griddepcontrol.launch_dependents") == 1
+    fused, attn = _ptx(cfg, True, True), _ptx(cfg, False, True)
+    assert fused.count("griddepcontrol.wait") == 1 and "griddepcontrol" not in attn
+    twin = _ptx({**cfg, "PDL": False}, True, True)
+    assert "griddepcontrol" not in twin
+    spill, in_loop = _sass_spills(fused)
+    assert spill <= 8 and not in_loop, (spill, in_loop)
+    _, _, kwd, pre = K._prepare(q, k, v, None, None, None, True, 1e-6, cfg, False, need_cuda=False)
+    assert pre is None and not kwd["PDL"] and not kwd["launch_pdl"]  # attention: no pre-pass, no dependency
+
+
+def test_pdl_config_validation():
+    with pytest.raises(ValueError, match="PDL"):
+        K.TilingConfig(PDL=1)
+    with pytest.raises(ValueError, match="PDL needs K_NORM materialize"):
+        K.TilingConfig(PDL=True, K_NORM="prepass")
+    assert not K.TilingConfig().PDL
+
+
 # ------------------------------------------------------------------------------------------------------------ GPU
 
 
@@ -131,3 +167,27 @@ def test_lazyq_agrees_with_normalized_q_gpu(causal):
     assert r_lazy["ok"] and r_store["ok"], (r_lazy, r_store)
     assert r_lazy["max_abs_err"] <= 2 * r_store["max_abs_err"] + 1e-3, (r_lazy, r_store)
     assert (lazy.float() - store.float()).abs().max().item() <= r_lazy["tol"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(PDL))
+def test_pdl_configs_gpu(name):
+    """The ``-pdl`` entries at the benchmark head layout and odd shapes, and bit-identical to the same entry without
+    PDL (same kernels; only the launch order relaxes), eagerly and replayed in a CUDA graph three times."""
+    cfg, bad = PDL[name], []
+    for S, B, causal in ((2048, 2, True), (1, 3, True), (333, 2, False), (4097, 1, True)):
+        bad += check_config(cfg, S, B, 32, 8, 128, causal, o_norm=S == 333)
+    assert not bad, "\n".join(bad)
+    inp = T.make_inputs(4096, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=7)
+    for causal in (True, False):
+        want = run("fused", inp, causal, {**cfg, "PDL": False})
+        assert torch.equal(run("fused", inp, causal, cfg), want)
+        g = torch.cuda.CUDAGraph()
+        run("fused", inp, causal, cfg)  # compiled before capture
+        with torch.cuda.graph(g):
+            out = run("fused", inp, causal, cfg)
+        for _ in range(3):
+            out.zero_()
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), causal

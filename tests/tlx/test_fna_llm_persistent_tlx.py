@@ -36,7 +36,7 @@ from fna_llm_gpu import check_batch_slices, check_config, check_int64, run  # no
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
                                .read_text())["tlx"]}
-PERSIST = {n: c for n, c in ALL.items() if c.get("PERSISTENT") and not c.get("LAZY_Q")}  # LAZY_Q: own test file
+PERSIST = {n: c for n, c in ALL.items() if c.get("PERSISTENT") and not c.get("LAZY_Q")}  # LAZY_Q / PDL: own file
 assert set(PERSIST) == {"bn128-buf2-pipe-pingpong-persist-mat", "bn128-buf2-pipe-pingpongpv-persist-mat",
                         "bn128-buf2-pipe-coop-persist-mat"}, PERSIST
 # each persistent entry and its one-CTA-per-Q-tile twin (the same entry without PERSISTENT)
