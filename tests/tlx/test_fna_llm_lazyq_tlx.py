@@ -173,15 +173,19 @@ def test_lazyq_agrees_with_normalized_q_gpu(causal):
 @pytest.mark.parametrize("name", list(PDL))
 def test_pdl_configs_gpu(name):
     """The ``-pdl`` entries at the benchmark head layout and odd shapes, and bit-identical to the same entry without
-    PDL (same kernels; only the launch order relaxes), eagerly and replayed in a CUDA graph three times."""
-    cfg, bad = PDL[name], []
+    PDL (same kernels; only the launch order relaxes), eagerly and replayed in a CUDA graph three times. The twin's
+    outputs are computed first: in the only GPU run of the previous order (twin compiled last) the twin's compile
+    failed in fbtriton's code generator ("region_replica_id_stack is not restored"; not reproduced compiling the
+    same sequence on the CPU), results/gpu_tests/20261201_h200_issue13_s3/INDEX.md."""
+    cfg = PDL[name]
+    inp = T.make_inputs(4096, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=7)
+    want = {causal: run("fused", inp, causal, {**cfg, "PDL": False}) for causal in (True, False)}
+    bad = []
     for S, B, causal in ((2048, 2, True), (1, 3, True), (333, 2, False), (4097, 1, True)):
         bad += check_config(cfg, S, B, 32, 8, 128, causal, o_norm=S == 333)
     assert not bad, "\n".join(bad)
-    inp = T.make_inputs(4096, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=7)
     for causal in (True, False):
-        want = run("fused", inp, causal, {**cfg, "PDL": False})
-        assert torch.equal(run("fused", inp, causal, cfg), want)
+        assert torch.equal(run("fused", inp, causal, cfg), want[causal])
         g = torch.cuda.CUDAGraph()
         run("fused", inp, causal, cfg)  # compiled before capture
         with torch.cuda.graph(g):
@@ -190,4 +194,4 @@ def test_pdl_configs_gpu(name):
             out.zero_()
             g.replay()
             torch.cuda.synchronize()
-            assert torch.equal(out, want), causal
+            assert torch.equal(out, want[causal]), causal
