@@ -81,8 +81,10 @@ def test_interrupted_sweep_writes_meta(repo_root, subprocess_env, tmp_path):
            "hydra.run.dir=" + str(tmp_path / "hydra"), "dsl=[triton]", "baselines=[cublas]",
            "shape.points=[{M: 64, N: 64, K: 64}]", "point_timeout_s=120",
            "debug.inject=['hang@triton/fused/b32-reload/64x64x64']"]
+    # SIGINT back to its default in the child: a test run started in the background of a non-interactive shell
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
     p = subprocess.Popen(cmd, cwd=repo_root, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     rows = tmp_path / "smoke" / "t" / "results.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline and not (rows.exists() and rows.read_text().strip()):
