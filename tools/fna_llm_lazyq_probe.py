@@ -1,11 +1,11 @@
 """Probe of the TLX QK-norm attention's LAZY_Q slowdown with PINGPONG (results/fna_llm_lazyq/20261201_h200_overlapped,
-where rstd_q was computed while the first QKᵀ ran in every config): at a
-few fna_llm cells, time paired (``normfuse.timing.bench_graph_interleaved``) the plain attention on the raw inputs and
-on pre-normalized inputs (the fused kernels' data regime), the normalize-and-store fused kernel and the LAZY_Q one,
-for the ping-pong, cooperative and one-tile-per-CTA configs; then run each variant alone for ~0.5 s under NVML
-sampling (SM clock, power). Every variant is checked first against the fp32 reference of the inputs it is given. ``fused_*_lazy``: rstd_q computed while the tile's first QKᵀ runs
-(``LAZY_Q_EARLY`` forced off), ``fused_*_lazyearly``: before it (forced on; the shipped configs take
-``LAZY_Q_EARLY = PINGPONG``). GPU only:
+where rstd_q was computed while the first QKᵀ ran in every config): at a few fna_llm cells, time paired
+(``normfuse.timing.bench_graph_interleaved``) the plain attention on the raw inputs and on pre-normalized inputs
+(the fused kernels' data regime), the normalize-and-store fused kernel and the LAZY_Q one, for the ping-pong,
+cooperative and one-tile-per-CTA configs; then run each variant alone for ~0.5 s under NVML sampling (SM clock,
+power). Every variant is checked first against the fp32 reference of the inputs it is given. ``fused_*_lazy``:
+rstd_q computed while the tile's first QKᵀ runs (``LAZY_Q_EARLY`` forced off), ``fused_*_lazyearly``: before it
+(forced on; the shipped configs take ``LAZY_Q_EARLY = PINGPONG``). GPU only:
 
     python -m tools.fna_llm_lazyq_probe --out DIR [--norm-attn] [--rounds 15]
 

@@ -30,6 +30,17 @@ def check_config(cfg, S, B, Hq, Hkv, D, causal, o_norm=False, seed=0) -> list[st
     return bad
 
 
+def check_odd_shapes(cfg) -> list[str]:
+    """Failure descriptions of ``cfg`` (both ops) at the benchmark head layout (GQA 32 / 8, D = 128) with several
+    work tiles per CTA, S = 1, ragged S (333, 4097; o_norm at 333), causal and not; and D = 64 with GQA 4 / 1 and
+    Hq = Hkv = 3."""
+    bad = []
+    for S, B, causal in ((2048, 2, True), (2048, 1, False), (1, 3, True), (333, 2, True), (4097, 1, False),
+                         (4097, 1, True), (333, 1, False)):
+        bad += check_config(cfg, S, B, 32, 8, 128, causal, o_norm=S == 333)
+    return bad + check_config(cfg, 1000, 1, 4, 1, 64, True) + check_config(cfg, 257, 2, 3, 3, 64, False)
+
+
 def check_batch_slices(name, cfg, causal, slices) -> list[str]:
     """B·Hq = 65536 (B = 2048, Hq = 32, Hkv = 8, S = 16, D = 64), both ops; the batches ``[(b0, b1), ...]``
     checked against the reference. Failure descriptions."""
