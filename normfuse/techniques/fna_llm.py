@@ -23,6 +23,11 @@ The fused kernels normalize Q once per Q tile. K, by the tiling option ``K_NORM`
   the KV loop is exactly the plain attention loop over ``k_n`` (one extra write and read of K; an inference engine
   that stores the normalized K in its KV cache pays the write anyway).
 
+Q's norm, likewise (TLX's ``LAZY_Q``, with ``materialize``): the row factor ``rstd_q,i`` too can leave the dot,
+``q_n,i · k_n,j = rstd_q,i · Σ_d q_i,d (γq_d · k_n,j,d)``: the pre-pass writes ``γq ⊙ k_n``, the raw Q tile feeds
+the QKᵀ dot and ``rstd_q`` scales the score rows inside the softmax's exponent (``exp2(s · rstd_q · log2(e)/sqrt(D)
+- m)``, m kept in the same scaled domain; valid because rstd_q > 0), so no normalized copy of the Q tile is made.
+
 Both launches are inside the timed ``qknorm_attention`` call; the pre-pass's extra traffic (the rstd_k or k_n
 write and reads) is not counted in ``bytes_moved`` (the fewest bytes of the op). ``attention`` ignores ``K_NORM``.
 
