@@ -1247,6 +1247,30 @@ def _ptx_extras(ptx: str) -> dict:
     }
 
 
+def _compile_ws(op: str, a: torch.Tensor, b: torch.Tensor, colsum=None, beta_b=None, *, eps: float,
+                cfg: TilingConfig):
+    """``compile_sm90``'s compile of the one-CTA-per-tile kernel (``cfg.CLUSTER_SIZE == 1``): inputs validated as
+    there, never launched; returns ``(CompiledKernel, grid)`` (the compile-only tests read its PTX and ptxas
+    statistics)."""
+    if cfg.CLUSTER_SIZE > 1:
+        raise ValueError("_compile_ws compiles the one-CTA-per-tile kernel; the cluster form is multi_cta's")
+    fuse = op != "matmul"
+    ln_vectors = None
+    if op == LN_OP:
+        if isinstance(b, torch.Tensor) and b.dim() == 2:
+            n = b.shape[1]
+            colsum = torch.empty(n, dtype=torch.float32, device=a.device) if colsum is None else colsum
+            beta_b = torch.empty(n, dtype=torch.float32, device=a.device) if beta_b is None else beta_b
+        ln_vectors = (colsum, beta_b)
+        M, N, K = _validate_ln(a, b, colsum, beta_b, eps, cfg, need_cuda=False)
+    else:
+        M, N, K = _validate(a, b, eps, fuse, need_cuda=False)
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    num_sms = _num_sms(a.device) if a.device.type == "cuda" else H200_NUM_SMS
+    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, num_sms, ln_vectors)
+    return _lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kwargs), grid
+
+
 def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor | None = None,
                  beta_b: torch.Tensor | None = None, *, eps: float = 1e-6, config=None) -> dict:
     """Compile ``op`` for sm_90 without a GPU and summarize the result (never launches).
@@ -1274,7 +1298,6 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor
 
     if op not in ALL_OPS:
         raise ValueError(f"unknown op {op!r}; choices: {', '.join(ALL_OPS)}")
-    fuse = op != "matmul"
     cfg = TilingConfig.from_dict(config)
     if cfg.CLUSTER_SIZE > 1:  # the cluster form: its fused kernels are kernels_tlx.multi_cta's
         from kernels_tlx import multi_cta
@@ -1285,20 +1308,7 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, colsum: torch.Tensor
             return multi_cta.compile_sm90(op, a, b, eps=eps, config=cfg.cluster_config(), colsum=colsum,
                                           beta_b=beta_b)
         return multi_cta.compile_sm90(op, a, b, eps=eps, config=cfg.cluster_config())
-    ln_vectors = None
-    if op == LN_OP:
-        if isinstance(b, torch.Tensor) and b.dim() == 2:
-            n = b.shape[1]
-            colsum = torch.empty(n, dtype=torch.float32, device=a.device) if colsum is None else colsum
-            beta_b = torch.empty(n, dtype=torch.float32, device=a.device) if beta_b is None else beta_b
-        ln_vectors = (colsum, beta_b)
-        M, N, K = _validate_ln(a, b, colsum, beta_b, eps, cfg, need_cuda=False)
-    else:
-        M, N, K = _validate(a, b, eps, fuse, need_cuda=False)
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    num_sms = _num_sms(a.device) if a.device.type == "cuda" else H200_NUM_SMS
-    args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, num_sms, ln_vectors)
-    compiled = _lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kwargs)
+    compiled, grid = _compile_ws(op, a, b, colsum, beta_b, eps=eps, cfg=cfg)
     out = summarize(compiled)
     out["ptx_extra"] = _ptx_extras(compiled.asm["ptx"])
     out["grid"] = list(grid)

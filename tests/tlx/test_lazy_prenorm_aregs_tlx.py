@@ -46,10 +46,7 @@ out = {}
 for key, op, cfg, (M, N, Kd) in json.loads(sys.argv[1]):
     a = torch.empty(M, Kd, dtype=torch.bfloat16)
     b = torch.empty(Kd, N, dtype=torch.bfloat16)
-    c = torch.empty(M, N, dtype=torch.bfloat16)
-    lnv = (torch.empty(N), torch.empty(N)) if op == K.LN_OP else None
-    args, grid, kw = K._launch_args(a, b, c, 1e-5, op != "matmul", K.TilingConfig.from_dict(cfg), K.H200_NUM_SMS, lnv)
-    compiled = K._lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kw)
+    compiled, _ = K._compile_ws(op, a, b, eps=1e-5, cfg=K.TilingConfig.from_dict(cfg))
     ptx = compiled.asm["ptx"]
     try:  # ptxas -v for sm_90a
         st = ptxas_stats(compiled)
