@@ -247,8 +247,7 @@ def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, ro
     """Online-softmax step of the pipelined loop on one ``[BLOCK_M_SPLIT, BLOCK_N]`` fp32 score tile ``qk``:
     column scale (``COL_SCALE``: ``rstd_k · log2(e)/sqrt(D)`` per key) or the scalar ``qk_scale`` folded into the
     exponent's FMA (``exp2(qk · qk_scale - m)``, m in the scaled log2 domain), causal / sequence-end mask only when
-    the tile needs it. Returns ``(p fp32, m_new, l_new, alpha)``; the caller
-    rescales its accumulator by alpha."""
+    the tile needs it. Returns ``(p fp32, m_new, l_new, alpha)``; the caller rescales its accumulator by alpha."""
     if COL_SCALE:
         qk = qk * col_scale[None, :]  # before the mask (masked columns: rstd_k = 0)
     qk = _mask_tile(qk, offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)
@@ -651,7 +650,8 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     q, k, v = aligned(q), aligned(k), aligned(v)
     o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps, cfg.K_NORM,
                                                            norms, cfg.BLOCK_M, fold_qw=cfg.LAZY_Q)
-    if cfg.PDL and materialize:  # the pre-pass lets the attention kernel (a programmatic dependent) launch at once
+    pdl = cfg.PDL and materialize  # norms with K_NORM = materialize: the only case with a pre-pass writing k_n
+    if pdl:  # the pre-pass lets the attention kernel (a programmatic dependent) launch at once
         pre = pre[:3] + ({**pre[3], "PDL_TRIGGER": True},)
     if cfg.PERSISTENT:
         # shared memory: 2 Q buffers (this tile's and the next one's) + the K/V ring, bf16/fp16
@@ -668,9 +668,20 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
               K_MATERIALIZED=materialize, PIPELINE=cfg.PIPELINE, PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
               WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT, LAZY_Q=cfg.LAZY_Q and norms,
-              LAZY_Q_EARLY=cfg.PINGPONG, PDL=cfg.PDL and materialize, launch_pdl=cfg.PDL and materialize,
+              LAZY_Q_EARLY=cfg.PINGPONG, PDL=pdl, launch_pdl=pdl,
               num_warps=4, num_stages=1)
     return o, launches, kw, pre
+
+
+def _launch(launches, kw, pre) -> None:
+    """Run ``_prepare``'s plan: the K pre-pass first when there is one (``K_NORM = "prepass"`` / ``"materialize"``:
+    rstd_k or k_n; same stream, so ordered), then the attention kernel's launches with the constexprs ``kw``."""
+    if pre is not None:
+        pre_kernel, pre_args, pre_grid, pre_kw = pre
+        pre_kernel[pre_grid](*pre_args, **pre_kw)
+    triton.set_allocator(_alloc_fn)  # device-side TMA descriptors
+    for args, grid in launches:
+        _fna_llm_ws_kernel[grid](*args, **kw)
 
 
 def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
@@ -692,22 +703,15 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     inloop / materialize), ValueError for CPU tensors.
     """
     o, launches, kw, pre = _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, True)
-    if pre is not None:  # K_NORM = "prepass" / "materialize": rstd_k or k_n first (same stream, so ordered)
-        pre_kernel, pre_args, pre_grid, pre_kw = pre
-        pre_kernel[pre_grid](*pre_args, **pre_kw)
-    triton.set_allocator(_alloc_fn)  # device-side TMA descriptors
-    for args, grid in launches:
-        _fna_llm_ws_kernel[grid](*args, **kw)
+    _launch(launches, kw, pre)
     return o
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, config=None) -> torch.Tensor:
     """The same warp-specialized kernel without norms: ``softmax(q kᵀ / sqrt(D) [causal]) v`` (``K_NORM`` is
     validated and ignored)."""
-    o, launches, kw, _ = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
-    triton.set_allocator(_alloc_fn)
-    for args, grid in launches:
-        _fna_llm_ws_kernel[grid](*args, **kw)
+    o, launches, kw, pre = _prepare(q, k, v, None, None, None, causal, 1e-6, config, False)
+    _launch(launches, kw, pre)
     return o
 
 

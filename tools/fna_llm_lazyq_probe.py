@@ -42,10 +42,7 @@ def _fused_lazy_at(inp, causal, cfg, early: bool):
     the tile's first QKᵀ, or while it runs; the shipped configs take ``LAZY_Q_EARLY = PINGPONG``)."""
     o, launches, kw, pre = K._prepare(inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"], None, causal,
                                       1e-6, cfg, True)
-    kernel, args, grid, pkw = pre
-    kernel[grid](*args, **pkw)
-    for a, g in launches:
-        K._fna_llm_ws_kernel[g](*a, **{**kw, "LAZY_Q_EARLY": early})
+    K._launch(launches, {**kw, "LAZY_Q_EARLY": early}, pre)
     return o
 
 
