@@ -23,7 +23,6 @@ to their twins without PDL, eagerly and replayed in a CUDA graph.
 """
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,6 @@ from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
 from fna_llm_gpu import check_config, check_int64, check_odd_shapes, run  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_fna_llm_persistent_tlx import (SS_WGMMA, _compile_sass, _inner_wgmma_loops, _launch, _ptx,  # noqa: E402
                                          _sass_spills)
 
