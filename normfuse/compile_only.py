@@ -10,6 +10,8 @@ Imports triton lazily: call it only inside a worker or test process of the right
 
 from __future__ import annotations
 
+import re
+
 SMEM_LIMIT_BYTES = 232448  # per-block opt-in shared memory on H100/H200 (227 KB)
 
 # PTX markers we assert on; counted by `ptx_markers`.
@@ -67,6 +69,13 @@ def install(arch: int = 90) -> None:
             raise RuntimeError("the compile-only driver cannot benchmark")
 
     triton.runtime.driver.set_active(_CompileOnlyDriver())
+
+
+def ptx_code(ptx: str) -> str:
+    """The PTX text without its debug information (``.loc``/``.file`` lines, DWARF ``.section .debug_*``), for
+    comparing two compiles: the debug parts name the source file's absolute path, which differs between a checkout
+    and a Triton cache entry compiled from another checkout of the same source."""
+    return re.sub(r"[ \t]*\.(loc|file)\b[^\n]*\n?", "", ptx.split(".section\t.debug")[0])
 
 
 def summarize(compiled) -> dict:
