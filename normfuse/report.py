@@ -58,6 +58,12 @@ def _blog(df: pd.DataFrame, variant=None) -> dict | None:
     return _blog_of(_spec(df), variant)
 
 
+def metric_label(spec, metric: str) -> str:
+    """``metric``'s wording in tables: the technique's own (``spec.METRIC_LABELS``, e.g. fna_llm's "% of norm latency
+    hidden" against attention, not a GEMM) or ``plots.metric_label``'s."""
+    return (getattr(spec, "METRIC_LABELS", None) or {}).get(metric) or plots.metric_label(metric)
+
+
 def primary_metric(spec) -> str:
     """The metric a technique is judged by: ``spec.PRIMARY_METRIC`` (``hidden_dsl`` when it names none)."""
     return getattr(spec, "PRIMARY_METRIC", None) or "hidden_dsl"
@@ -397,7 +403,10 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
         shown = [m for m in ("gbps",) if m in present]
     names = getattr(spec, "DIM_LABELS", {})
     variants = _variants(p)
-    n = p["n_rounds"]
+    n = p.loc[p["metric"] == primary, "n_rounds"] if primary in present else p["n_rounds"]
+    # a metric defined in fewer than half of a cell's rounds (e.g. fna_llm's hidden_dsl where SDPA + norms ran
+    # faster than SDPA alone) is not shown for that cell: its median would be a few rounds' noise
+    cell_rounds = p[p["metric"] == primary].groupby(metrics.SHAPE)["n_rounds"].max() if primary in present else None
     out = [f"Paired timing: {_range_text(n.min(), n.max())} interleaved rounds per shape; in each round every "
            "participant (the baselines and each DSL's best config of each impl) is timed once, the metric is computed "
            "within the round, and its median over rounds is shown with a 95 % percentile-bootstrap interval, "
@@ -408,15 +417,22 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
             continue
         pct = metric in PCT_METRICS
         nd = 0 if metric in ("gbps", "tflops") else None
-        rows, verdicts = [], []
+        rows, verdicts, sparse = [], [], 0
         for variant in variants:
             f = _of_variant(p[(p["metric"] == metric) & (p["impl"] == impl) & p["dsl"].isin(plots.DSL_ORDER)],
                             variant)
             dsls = [d for d in plots.DSL_ORDER if d in set(f["dsl"])]
             for (M, K, N), g in f.groupby(["M", "K", "N"], dropna=False):
-                g = g.loc[g.groupby("dsl")["median"].idxmax()]
                 r = ({"variant": variant} if len(variants) > 1 else {}) | {
                     names.get("M", "M"): M, names.get("K", "K"): K, names.get("N", "N"): N}
+                if cell_rounds is not None and metric != primary:
+                    full = cell_rounds.reindex(pd.MultiIndex.from_frame(g[metrics.SHAPE])).to_numpy()
+                    g = g[~(g["n_rounds"].to_numpy() < 0.5 * full)]
+                    if g.empty:
+                        sparse += 1
+                        rows.append(r | {plots.label(d): "–" for d in dsls} | {"best": "–"})
+                        continue
+                g = g.loc[g.groupby("dsl")["median"].idxmax()]
                 for d in dsls:
                     x = g[g["dsl"] == d]
                     r[plots.label(d)] = _ci_text(*x[["median", "ci_lo", "ci_hi"]].iloc[0], pct, nd) if len(x) else "–"
@@ -438,8 +454,11 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
         if not any(verdicts):
             table = table.drop(columns=["target", "verdict"])
         unit = "%" if pct else {"gbps": "GB/s", "tflops": "TFLOP/s"}.get(metric, "ratio")
-        what = f"{plots.metric_label(metric).replace(chr(10), ' ')} ({metric}, {unit}) of each DSL's best {impl} config"
+        what = f"{metric_label(spec, metric).replace(chr(10), ' ')} ({metric}, {unit}) of each DSL's best {impl} config"
         out += [f"{what}:", "", table.fillna("–").to_markdown(index=False, disable_numparse=True), ""]
+        if sparse:
+            out += [f"– in {sparse} cell(s): {metric} was defined in fewer than half of the cell's rounds (not shown).",
+                    ""]
         tally = _verdict_tally(verdicts)
         if tally:
             out += [tally, ""]
@@ -590,9 +609,9 @@ def replicate_report(rep_dirs: list[Path], merged: pd.DataFrame | None = None) -
     table = pd.DataFrame(rows)
     if not any(verdicts):
         table = table.drop(columns=["target", "verdict (pooled)"])
-    n = merged["rep_n_rounds"].explode()
+    n = f["rep_n_rounds"].explode()
     lines = [f"Replicates {', '.join(runs)}: paired timing, {_range_text(n.min(), n.max())} rounds per replicate and "
-             f"shape. {plots.metric_label(metric).replace(chr(10), ' ')} ({metric}) of the best DSL per cell: each "
+             f"shape. {metric_label(spec, metric).replace(chr(10), ' ')} ({metric}) of the best DSL per cell: each "
              "replicate's median [95 % bootstrap interval], the pooled median [interval] (bootstrap over rounds "
              "stratified by replicate), the largest replicate half-width (max ±), the spread (max − min) of the "
              "replicate medians, agree (every replicate's median inside every other's interval), overlap (all "

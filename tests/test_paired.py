@@ -369,3 +369,29 @@ def test_nonpositive_samples_are_missing_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="1 samples <= 0 ms"):
         rounds = paired.read_rounds(run)
     assert rounds["ms"].isna().sum() == 1 and (rounds["ms"].dropna() > 0).all()
+
+
+def test_fna_llm_norm_latency_hidden_per_round_and_sparse_cells(tmp_path):
+    """fna_llm's hidden_dsl / hidden_best come out of the paired rounds like the GEMM techniques' (T_norms =
+    T_sdpa_plus_norms - T_sdpa, the DSL's attention as the unfused kernel); the report words them for attention,
+    and a cell where the metric is defined in fewer than half of the rounds (here SDPA + norms mostly faster than
+    SDPA: T_norms <= 0) shows "–" with a note, not a median of the few rounds left."""
+    from normfuse import report
+
+    def times(K, N):
+        t = llm_times(4096, N, {"tlx": 0.9})
+        if N == 8:  # SDPA + norms faster than SDPA alone (seen at power-limited cells): T_norms < 0 in most rounds
+            t[("torch", "sdpa_plus_norms", "-")] = 0.998
+        return t
+
+    run = make_run(tmp_path / "run", technique="fna_llm", variant="causal", M=4096, cells=((32, 1), (32, 8)),
+                   times=times, rounds=40, clock_sd=0.0, noise_sd=0.002)
+    p = paired.compute(run)
+    h = _cell(p, "tlx", "hidden_dsl", K=32, N=1)
+    assert h["median"] == pytest.approx((0.95 / 0.9 + 0.1 - 1 / 0.9) / 0.1, abs=0.05)  # 0.44
+    assert _cell(p, "tlx", "hidden_best", K=32, N=1)["median"] == pytest.approx((1.0 + 0.1 - 1 / 0.9) / 0.1, abs=0.05)
+    text = "\n".join(report.paired_lines(p))
+    assert "% of norm latency hidden (vs the same DSL's attention) (hidden_dsl, %)" in text
+    assert "GEMM" not in text
+    assert "– in 1 cell(s): hidden_dsl was defined in fewer than half of the cell's rounds" in text
+    assert "Paired timing: 40 interleaved rounds per shape" in text  # the primary metric's rounds

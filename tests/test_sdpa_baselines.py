@@ -31,6 +31,27 @@ def test_sdpa_fraction_is_against_the_fastest_sdpa_backend():
     assert df.loc["sdpa_cudnn", "sdpa_fraction"] == pytest.approx(1.0)
 
 
+def test_norm_latency_hidden_against_own_and_fastest_attention():
+    """hidden_dsl / hidden_best on the fused rows: T_norms = T_sdpa_plus_norms - T_sdpa (default dispatch), the
+    same DSL's attention best over its configs; other DSLs' attention and the other rows untouched."""
+    base = {"technique": "fna_llm", "variant": "noncausal", "M": 1024, "N": 1, "K": 32, "dtype": "bf16", "status": "ok"}
+    rows = [{**base, "dsl": d, "impl": i, "config_name": c, "p50_ms": t}
+            for d, i, c, t in (("torch", "sdpa", "-", 1.0), ("torch", "sdpa_cudnn", "-", 0.9),
+                               ("torch", "sdpa_plus_norms", "-", 1.1), ("tlx", "attention", "a", 1.15),
+                               ("tlx", "attention", "b", 1.05), ("triton", "attention", "a", 0.5),
+                               ("tlx", "fused", "f", 1.12), ("triton", "fused", "f", 1.3))]
+    df = T.add_metrics(pd.DataFrame(rows)).set_index(["dsl", "impl", "config_name"])
+    assert df.loc[("tlx", "fused", "f"), "hidden_dsl"] == pytest.approx((1.05 + 0.1 - 1.12) / 0.1)  # 0.3
+    assert df.loc[("tlx", "fused", "f"), "hidden_best"] == pytest.approx((0.9 + 0.1 - 1.12) / 0.1)  # -1.2
+    assert df.loc[("triton", "fused", "f"), "hidden_dsl"] == pytest.approx((0.5 + 0.1 - 1.3) / 0.1)
+    assert df.loc[("triton", "fused", "f"), "hidden_best"] == pytest.approx((0.5 + 0.1 - 1.3) / 0.1)
+    assert df.loc[[("tlx", "attention", "a"), ("torch", "sdpa", "-")], ["hidden_dsl", "hidden_best"]].isna().all().all()
+    no_unfused = T.add_metrics(pd.DataFrame([r for r in rows if r["impl"] != "sdpa_plus_norms"]))
+    assert no_unfused["hidden_dsl"].isna().all() and no_unfused["hidden_best"].isna().all()
+    faster = T.add_metrics(pd.DataFrame([{**r, "p50_ms": 0.95} if r["impl"] == "sdpa_plus_norms" else r for r in rows]))
+    assert faster["hidden_dsl"].isna().all()  # T_norms <= 0: undefined, not a huge ratio
+
+
 @pytest.mark.gpu
 def test_forced_sdpa_backends_run_on_gpu():
     inp = T.make_inputs(1024, 2, 32, dtype="bf16", device="cuda", seed=1, kv_heads=8)

@@ -47,7 +47,9 @@ then the optional output norm).
 Metrics: TFLOP/s from ``flops`` (4·B·Hq·S²·D, halved for causal; norms not counted, so the fused kernel's
 TFLOP/s is directly comparable with SDPA's), ``sdpa_fraction`` (the fraction of the fastest SDPA backend's TFLOP/s
 kept: ``min(T_sdpa, T_sdpa_flash, T_sdpa_cudnn) / T``) and ``speedup_vs_unfused`` (vs 'sdpa_plus_norms'):
-``add_metrics``. On the H200 with torch 2.11 the default dispatch is cuDNN for these shapes and runs 1.7× the
+``add_metrics``, which also gives the fused rows the blog's "% of normalization latency hidden" (``hidden_dsl``
+against the same DSL's attention, ``hidden_best`` against the fastest attention) with ``T_sdpa_plus_norms - T_sdpa``
+as the norms' cost. On the H200 with torch 2.11 the default dispatch is cuDNN for these shapes and runs 1.7× the
 FlashAttention-2 backend (issue 13's measurement), so which SDPA is "SDPA" decides the verdict: runs before
 2026-12-01 passed a backend list to ``sdpa_kernel`` (which sets no priority) and so measured the default (cuDNN)
 while calling it "flash".
@@ -78,6 +80,8 @@ HEAD_DIMS = (16, 32, 64, 128, 256)  # D on the CPU (Triton interpreter, Helion r
 CUDA_HEAD_DIMS = (64, 128)         # D on CUDA: what all three DSLs serve (TLX: one warpgroup's registers)
 PRIMARY_METRIC = "sdpa_fraction"
 DIM_LABELS = {"M": "S", "N": "B", "K": "Hq"}  # what the runner's M, N, K mean here (report labels)
+METRIC_LABELS = {"hidden_dsl": "% of norm latency hidden (vs the same DSL's attention)",  # normfuse.report wording
+                 "hidden_best": "% of norm latency hidden (vs the fastest attention)"}
 REPORT = "throughput"  # normfuse.report: a TFLOP/s table and bar chart instead of the "% hidden" grids
 
 
@@ -349,24 +353,39 @@ def bytes_moved(impl: str, M: int, N: int, K: int, itemsize: int = 2, kv_heads: 
 
 
 def add_metrics(df):
-    """Technique metrics of a run (called by ``normfuse.sweep.finalize`` through ``metrics.add_technique_metrics``):
-    ``sdpa_fraction`` = the fraction of the fastest SDPA backend's TFLOP/s kept, ``min(T_sdpa*) / T`` per (variant,
-    M, N, K, dtype) for every timed row (same FLOP count for every impl), and ``speedup_vs_unfused`` = ``T_sdpa_plus_norms / T``. Returns a
-    copy of the pandas DataFrame with both columns."""
+    """Technique metrics of a run (called by ``normfuse.sweep.finalize`` through ``metrics.add_technique_metrics``),
+    per (variant, M, N, K, dtype), from the p50 (ms) of the ``ok`` rows; returns a copy of the pandas DataFrame:
+
+    * ``sdpa_fraction = min(T_sdpa*) / T`` (every timed row): the fraction of the fastest SDPA backend's TFLOP/s
+      kept (same FLOP count for every impl);
+    * ``speedup_vs_unfused = T_sdpa_plus_norms / T`` (every timed row);
+    * on the fused rows, the blog's "% of normalization latency hidden" with attention in the GEMM's place
+      (``normfuse.metrics``): ``T_norms = T_sdpa_plus_norms - T_sdpa`` is what the two compiled norms add to the
+      unfused chain (their kernels and launch gaps; SDPA there runs on the normalized q, k, here on the raw ones),
+      ``hidden_dsl = (T_attention_dsl + T_norms - T_fused) / T_norms`` against the same DSL's attention without
+      norms (best over its configs) and ``hidden_best = (min(T_attention_dsl, T_sdpa*) + T_norms - T_fused) /
+      T_norms`` against the fastest attention measured; 1 = the norms cost nothing, 0 = they cost what they cost
+      unfused, negative = more. NaN where a time is missing or ``T_norms <= 0``."""
     import numpy as np
     import pandas as pd
 
     df = df.copy()
-    df["sdpa_fraction"] = np.nan
-    df["speedup_vs_unfused"] = np.nan
+    for c in ("sdpa_fraction", "speedup_vs_unfused", "hidden_dsl", "hidden_best"):
+        df[c] = np.nan
     df["p50_ms"] = pd.to_numeric(df["p50_ms"], errors="coerce") if "p50_ms" in df else np.nan
     ok = df[(df["status"] == "ok") & df["technique"].eq(NAME)]
     for _, g in ok.groupby(["variant", "M", "N", "K", "dtype"], dropna=False):
         t_sdpa = g[g["impl"].isin(SDPA_BASELINES)]["p50_ms"].min()  # the fastest SDPA backend measured
         t_unfused = g[g["impl"] == "sdpa_plus_norms"]["p50_ms"].min()
+        t_norms = t_unfused - g[g["impl"] == "sdpa"]["p50_ms"].min()
+        t_attn = g[g["impl"] == "attention"].groupby("dsl")["p50_ms"].min()  # per DSL, best over its configs
         for idx, r in g.iterrows():
             df.loc[idx, "sdpa_fraction"] = t_sdpa / r["p50_ms"]
             df.loc[idx, "speedup_vs_unfused"] = t_unfused / r["p50_ms"]
+            if r["impl"] == "fused" and np.isfinite(t_norms) and t_norms > 0:
+                t_own = t_attn.get(r["dsl"], np.nan)
+                df.loc[idx, "hidden_dsl"] = (t_own + t_norms - r["p50_ms"]) / t_norms
+                df.loc[idx, "hidden_best"] = (np.fmin(t_own, t_sdpa) + t_norms - r["p50_ms"]) / t_norms
     return df
 
 
