@@ -100,6 +100,50 @@ def ptxas_stats(compiled, arch: int = 90) -> dict:
                       sass_kb=round(SASS_BYTES_PER_INSTRUCTION * n_instr / 1024, 1))
 
 
+def ptx_to_sass(ptx: str, arch: int = 90) -> tuple[str, str]:
+    """``(ptxas -v log, cuobjdump SASS)`` of PTX text compiled for ``sm_<arch>a`` with the installed Triton's ptxas
+    (for tests that read the machine code of a kernel compiled on the CPU). RuntimeError when ptxas fails (its log's
+    tail in the message) or no cuobjdump sits beside it."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(arch).path
+    cuobjdump = Path(ptxas).parent / "cuobjdump"
+    if not cuobjdump.exists():
+        raise RuntimeError(f"no cuobjdump beside {ptxas}")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        src.write_text(ptx)
+        p = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", str(src), "-o", str(cubin)], capture_output=True,
+                           text=True)
+        if p.returncode:
+            raise RuntimeError(f"ptxas failed (rc={p.returncode}): {(p.stdout + p.stderr)[-2000:]}")
+        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return p.stdout + p.stderr, sass
+
+
+def spill_store_bytes(log: str) -> int:
+    """Spill-store bytes in a ``ptxas -v`` log; RuntimeError when the log has no spill line."""
+    m = re.search(r"(\d+) bytes spill stores", log)
+    if m is None:
+        raise RuntimeError(f"no spill line in the ptxas log: {log[-1000:]}")
+    return int(m.group(1))
+
+
+def sass_inner_loops(sass: str, marker: str = "HGMMA") -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
+    """``(instructions [(address, text)], loops [(start, end)])`` of cuobjdump SASS: the innermost loops (a loop =
+    the address range of a backward branch) that hold an instruction containing ``marker`` (default ``HGMMA``:
+    the wgmma loops of a Hopper kernel), in program order."""
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    marked = [a for a, t in ins if marker in t]
+    loops = []
+    for a, t in ins:
+        b = re.search(r"\bBRA\s+(?:`\()?0x([0-9a-f]+)", t)
+        if b and int(b.group(1), 16) < a and any(int(b.group(1), 16) <= h <= a for h in marked):
+            loops.append((int(b.group(1), 16), a))
+    inner = [(s, e) for s, e in loops if not any((s, e) != (s2, e2) and s <= s2 and e2 <= e for s2, e2 in loops)]
+    return ins, sorted(inner)
+
+
 @contextlib.contextmanager
 def capture_compiled():
     """Collect every ``CompiledKernel`` that a ``compile_sm90`` call summarizes while the block runs.

@@ -17,8 +17,6 @@
 """
 
 import re
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU
 
 from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
+import fna_llm_compile as C  # noqa: E402  (tests/tlx/fna_llm_compile.py)
 from fna_llm_gpu import check_batch_slices, check_config, check_int64  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
 
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
@@ -41,44 +40,20 @@ ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
 FA3 = {n: c for n, c in ALL.items()
        if c.get("PIPELINE") and not c.get("PERSISTENT") and not c.get("LAZY_Q") and not c.get("PDL")}
 assert len(FA3) == 5 and {c["K_NORM"] for c in FA3.values()} == {"prepass", "materialize"}, FA3
-SS_WGMMA = re.compile(r"wgmma\.mma_async\S*\s+\{[^}]*\},\s*%rd\d+,\s*%rd\d+")  # A and B both smem descriptors
-
-
-def _ptx(cfg, norms=False, causal=True):
-    q, k, v, qw, kw = T.compile_inputs(1000, 2, 32, "bf16")
-    _, launches, kwd, _ = K._prepare(q, k, v, qw if norms else None, kw if norms else None, None, causal, 1e-6, cfg,
-                                     norms, need_cuda=False)
-    (args, grid), = launches
-    return K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd).asm["ptx"]
-
-
-def _spills(ptx):
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        p = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                           capture_output=True, text=True)
-    m = re.search(r"(\d+) bytes spill stores", p.stdout + p.stderr)
-    assert p.returncode == 0 and m, p.stderr[-2000:]
-    return int(m.group(1))
-
-
 @pytest.mark.parametrize("name", list(FA3))
 @pytest.mark.parametrize("op", ["qknorm_attention", "attention"])
 def test_pipelined_configs_compile(name, op):
     cfg = FA3[name]
     norms = op == "qknorm_attention"
-    ptx = _ptx(cfg, norms, causal=True)
+    ptx = C.ptx(cfg, norms, causal=True)
     assert "wgmma.wait_group.sync.aligned 1;" in ptx  # QK of tile j+1 done while PV of tile j runs
-    assert len(SS_WGMMA.findall(ptx)) > 0  # QKᵀ with Q from shared memory
+    assert len(C.SS_WGMMA.findall(ptx)) > 0  # QKᵀ with Q from shared memory
     if norms:  # normalized Q stored back: proxy fence + one barrier per consumer warpgroup before the first wgmma
         assert "fence.proxy.async" in ptx
         for bar in (K.Q_READY_BARRIER.value, K.Q_READY_BARRIER.value + 1):
             assert re.search(rf"\bbar\.sync\s+{bar},\s*128;", ptx), bar
     # measured: 0 bytes, except the prepass fused kernel (16 B: two scalars parked across the KV loop, outside it)
-    assert _spills(ptx) <= (16 if norms and cfg["K_NORM"] == "prepass" else 0)
+    assert C.spills(ptx) <= (16 if norms and cfg["K_NORM"] == "prepass" else 0)
     r = K.compile_sm90(op, *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=False, o_norm=norms)
     assert r["smem_ok"] and r["num_warps"] == 12 and r["ptx_markers"]["setmaxnreg"] > 0, r
     assert (r["pingpong_barriers"] > 0) == cfg["PINGPONG"]
@@ -94,13 +69,13 @@ def test_pipelined_head_dim_64_compiles(norms):
                                      norms, need_cuda=False)
     (args, grid), = launches
     ptx = K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd).asm["ptx"]
-    assert "wgmma.wait_group.sync.aligned 1;" in ptx and SS_WGMMA.findall(ptx)
-    assert _spills(ptx) == 0
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx and C.SS_WGMMA.findall(ptx)
+    assert C.spills(ptx) == 0
 
 
 def test_non_pipelined_loop_has_one_wgmma_in_flight():
-    ptx = _ptx(ALL["bn128-buf2-pingpong-mat"], True)
-    assert "wgmma.wait_group.sync.aligned 1;" not in ptx and not SS_WGMMA.findall(ptx)
+    ptx = C.ptx(ALL["bn128-buf2-pingpong-mat"], True)
+    assert "wgmma.wait_group.sync.aligned 1;" not in ptx and not C.SS_WGMMA.findall(ptx)
 
 
 def _max_commits_in_pingpong_region(ptx):
@@ -114,15 +89,15 @@ def _max_commits_in_pingpong_region(ptx):
 
 def test_pingpong_pv_region_covers_both_gemms():
     base = dict(FA3["bn128-buf2-pipe-pingpong-mat"])
-    assert _max_commits_in_pingpong_region(_ptx(base)) == 1
-    assert _max_commits_in_pingpong_region(_ptx({**base, "PINGPONG_PV": True})) == 2
+    assert _max_commits_in_pingpong_region(C.ptx(base)) == 1
+    assert _max_commits_in_pingpong_region(C.ptx({**base, "PINGPONG_PV": True})) == 2
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_warp_arrive_drops_warpgroup_syncs(pipeline):
     base = {**FA3["bn128-buf2-pipe-pingpong-mat"], "PIPELINE": pipeline}
     n_sync = lambda ptx: len(re.findall(r"\bbar\.sync\s+[23],\s*128;", ptx))  # noqa: E731  (consumer partitions)
-    warp, elected = _ptx(base), _ptx({**base, "WARP_ARRIVE": False})
+    warp, elected = C.ptx(base), C.ptx({**base, "WARP_ARRIVE": False})
     assert n_sync(warp) < n_sync(elected)
     # the empties count all 2 x 128 consumer threads, each of which arrives unpredicated (a count left at 2 with
     # per-thread arrivals, or 256 with one arrival per warpgroup, would hang the producer)
@@ -135,8 +110,8 @@ def test_warp_arrive_drops_warpgroup_syncs(pipeline):
 def test_lpt_remaps_causal_only():
     div64 = lambda ptx: len(re.findall(r"\b(?:div|rem)\.[su]64\b", ptx))  # noqa: E731
     lpt = FA3["bn128-buf2-pipe-pingpong-lpt-mat"]
-    assert div64(_ptx(lpt, causal=True)) > 0
-    assert div64(_ptx(lpt, causal=False)) == 0 == div64(_ptx({**lpt, "LPT": False}, causal=True))
+    assert div64(C.ptx(lpt, causal=True)) > 0
+    assert div64(C.ptx(lpt, causal=False)) == 0 == div64(C.ptx({**lpt, "LPT": False}, causal=True))
 
 
 def test_fa3_config_validation():

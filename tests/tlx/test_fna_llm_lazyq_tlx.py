@@ -39,8 +39,7 @@ from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
 from fna_llm_gpu import check_config, check_int64, check_odd_shapes, run  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
 
-from test_fna_llm_persistent_tlx import (SS_WGMMA, _compile_sass, _inner_wgmma_loops, _launch, _ptx,  # noqa: E402
-                                         _sass_spills)
+import fna_llm_compile as C  # noqa: E402  (tests/tlx/fna_llm_compile.py)
 
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
@@ -55,29 +54,23 @@ assert set(PDL) == {f"{n}-pdl" for n in ("bn128-buf2-pipe-pingpong-persist-mat-l
 Q_READY = re.compile(rf"\bbar\.sync\s+(?:{K.Q_READY_BARRIER.value}|{K.Q_READY_BARRIER.value + 1}),")
 
 
-def _sass_loops(ptx):
-    """Instruction count of each innermost wgmma loop of the SASS (see ``_sass_spills``), in program order."""
-    ins, inner = _inner_wgmma_loops(_compile_sass(ptx)[1])
-    return [sum(s <= a <= e for a, _ in ins) for s, e in inner]
-
-
 @pytest.mark.parametrize("name", list(LAZY))
 @pytest.mark.parametrize("causal", [True, False])
 def test_lazyq_configs_compile(name, causal):
     cfg = LAZY[name]
-    fused, attn = _ptx(cfg, True, causal), _ptx(cfg, False, causal)
-    store = _ptx({**cfg, "LAZY_Q": False}, True, causal)  # the normalize-and-store twin
+    fused, attn = C.ptx(cfg, True, causal), C.ptx(cfg, False, causal)
+    store = C.ptx({**cfg, "LAZY_Q": False}, True, causal)  # the normalize-and-store twin
     assert "fence.proxy.async" in store and Q_READY.search(store)
     assert not Q_READY.search(fused) and fused.count("fence.proxy.async") == attn.count("fence.proxy.async")
-    assert SS_WGMMA.findall(fused) and "wgmma.wait_group.sync.aligned 1;" in fused
-    spill, in_loop = _sass_spills(fused)
+    assert C.SS_WGMMA.findall(fused) and "wgmma.wait_group.sync.aligned 1;" in fused
+    spill, in_loop = C.sass_spills(fused)
     assert spill <= 8 and not in_loop, (spill, in_loop)  # measured: 8 bytes causal persistent, else 0
-    lf, la = _sass_loops(fused), _sass_loops(attn)
+    lf, la = C.sass_loops(fused), C.sass_loops(attn)
     assert len(lf) == len(la) and all(abs(f - a) <= 16 for f, a in zip(lf, la)), (lf, la)  # measured: <= 8
     r = K.compile_sm90("qknorm_attention", *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=causal,
                        o_norm=True)
     assert r["smem_ok"] and r["num_warps"] == 12 and r["k_prepass"] == "_k_norm_kernel", r
-    assert ptx_code(attn) == ptx_code(_ptx({**cfg, "LAZY_Q": False}, False, causal))  # attention ignores LAZY_Q
+    assert ptx_code(attn) == ptx_code(C.ptx({**cfg, "LAZY_Q": False}, False, causal))  # attention ignores LAZY_Q
 
 
 def test_lazyq_prepass_folds_q_weight():
@@ -102,7 +95,7 @@ def test_lazyq_config_validation():
     with pytest.raises(ValueError, match="LAZY_Q needs PIPELINE"):
         K.TilingConfig(LAZY_Q=True, PIPELINE=True, K_NORM="prepass")
     assert not K.TilingConfig().LAZY_Q
-    _launch({**LAZY["bn128-buf2-pipe-coop-persist-mat-lazyq"]}, norms=True)  # valid
+    C.launch({**LAZY["bn128-buf2-pipe-coop-persist-mat-lazyq"]}, norms=True)  # valid
 
 
 @pytest.mark.parametrize("name", list(PDL))
@@ -113,11 +106,11 @@ def test_pdl_configs_compile(name):
                                                                 need_cuda=False)
     assert kwd["PDL"] and kwd["launch_pdl"] and pre_kw["PDL_TRIGGER"], (kwd, pre_kw)
     assert kernel.warmup(*args, grid=grid, **pre_kw).asm["ptx"].count("griddepcontrol.launch_dependents") == 1
-    fused, attn = _ptx(cfg, True, True), _ptx(cfg, False, True)
+    fused, attn = C.ptx(cfg, True, True), C.ptx(cfg, False, True)
     assert fused.count("griddepcontrol.wait") == 1 and "griddepcontrol" not in attn
-    twin = _ptx({**cfg, "PDL": False}, True, True)
+    twin = C.ptx({**cfg, "PDL": False}, True, True)
     assert "griddepcontrol" not in twin
-    spill, in_loop = _sass_spills(fused)
+    spill, in_loop = C.sass_spills(fused)
     assert spill <= 8 and not in_loop, (spill, in_loop)
     _, _, kwd, pre = K._prepare(q, k, v, None, None, None, True, 1e-6, cfg, False, need_cuda=False)
     assert pre is None and not kwd["PDL"] and not kwd["launch_pdl"]  # attention: no pre-pass, no dependency

@@ -16,8 +16,6 @@ GPU needed):
 """
 
 import re
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU
 
 from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
+import fna_llm_compile as C  # noqa: E402  (tests/tlx/fna_llm_compile.py)
 from fna_llm_gpu import check_batch_slices, check_int64, check_odd_shapes, run  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
 
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
@@ -44,69 +43,7 @@ assert set(PERSIST) == {"bn128-buf2-pipe-pingpong-persist-mat", "bn128-buf2-pipe
 TWIN = {"bn128-buf2-pipe-pingpong-persist-mat": "bn128-buf2-pipe-pingpong-mat",
         "bn128-buf2-pipe-pingpongpv-persist-mat": "bn128-buf2-pipe-pingpongpv-mat",
         "bn128-buf2-pipe-coop-persist-mat": "bn128-buf2-pipe-coop-mat"}
-SS_WGMMA = re.compile(r"wgmma\.mma_async\S*\s+\{[^}]*\},\s*%rd\d+,\s*%rd\d+")  # A and B both smem descriptors
 INIT1 = re.compile(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 1;")  # single-arrival barriers (fulls, q empties)
-
-
-def _launch(cfg, norms=False, causal=True, shape=(1000, 2, 32), D=128):
-    q, k, v, qw, kw = T.compile_inputs(*shape, "bf16") if D == 128 else _inputs(*shape, D)
-    _, launches, kwd, _ = K._prepare(q, k, v, qw if norms else None, kw if norms else None, None, causal, 1e-6, cfg,
-                                     norms, need_cuda=False)
-    return launches, kwd
-
-
-def _inputs(S, B, Hq, D, Hkv=None):
-    Hkv = Hkv or max(Hq // 4, 1)
-    q, k, v = (torch.empty(B, h, S, D, dtype=torch.bfloat16) for h in (Hq, Hkv, Hkv))
-    w = torch.empty(D, dtype=torch.bfloat16)
-    return q, k, v, w, w
-
-
-def _ptx(cfg, norms=False, causal=True, **kw):
-    launches, kwd = _launch(cfg, norms, causal, **kw)
-    (args, grid), = launches
-    return K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd).asm["ptx"]
-
-
-def _compile_sass(ptx):
-    """``(ptxas -v output, cuobjdump SASS)`` of ``ptx`` for sm_90a."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(90).path
-    with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        src.write_text(ptx)
-        p = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(cubin)], capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr[-2000:]
-        sass = subprocess.run([str(Path(ptxas).parent / "cuobjdump"), "-sass", str(cubin)], capture_output=True,
-                              text=True, check=True).stdout
-    return p.stdout + p.stderr, sass
-
-
-def _inner_wgmma_loops(sass):
-    """``(instructions [(address, text)], loops [(start, end)])``: the innermost loops of the SASS that hold wgmma
-    (HGMMA), a loop being a backward branch's range."""
-    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    hgmma = [a for a, t in ins if "HGMMA" in t]
-    loops = []
-    for a, t in ins:
-        b = re.search(r"\bBRA\s+(?:`\()?0x([0-9a-f]+)", t)
-        if b and int(b.group(1), 16) < a and any(int(b.group(1), 16) <= h <= a for h in hgmma):
-            loops.append((int(b.group(1), 16), a))
-    inner = [(s, e) for s, e in loops if not any((s, e) != (s2, e2) and s <= s2 and e2 <= e for s2, e2 in loops)]
-    return ins, sorted(inner)
-
-
-def _sass_spills(ptx):
-    """``(spill-store bytes, local-memory accesses inside a KV loop)``: ptxas -v, then cuobjdump's SASS; a KV loop
-    is a backward branch's range that holds wgmma (HGMMA) and no other such loop (the innermost ones)."""
-    log, sass = _compile_sass(ptx)
-    m = re.search(r"(\d+) bytes spill stores", log)
-    assert m, log[-2000:]
-    ins, inner = _inner_wgmma_loops(sass)
-    local = [a for a, t in ins if re.search(r"\b(?:LDL|STL)\b", t)]
-    assert inner, "no wgmma loop found in the SASS"
-    return int(m.group(1)), [hex(a) for a in local if any(s <= a <= e for s, e in inner)]
 
 
 @pytest.mark.parametrize("name", list(PERSIST))
@@ -114,22 +51,22 @@ def _sass_spills(ptx):
 @pytest.mark.parametrize("causal", [True, False])
 def test_persistent_configs_compile(name, op, causal):
     cfg, norms = PERSIST[name], op == "qknorm_attention"
-    launches, _ = _launch(cfg, norms, causal)
+    launches, _ = C.launch(cfg, norms, causal)
     (args, grid), = launches
     assert grid == (K.H200_NUM_SMS, 1, 1) and args[-1] == 2 * 32  # 8 Q tiles x 64 (batch, head) > 132
-    ptx = _ptx(cfg, norms, causal)
+    ptx = C.ptx(cfg, norms, causal)
     # descriptors over the whole [B·H, S, D] tensors, built once per CTA (q, k, v), 3-D loads only
     assert ptx.count("tensormap.replace.tile.global_address") == 3
     assert "cp.async.bulk.tensor.3d" in ptx and "cp.async.bulk.tensor.2d" not in ptx
     # q fulls + q empties for two Q buffers x two warpgroups, K / V fulls; the empties count 256 threads
     assert len(INIT1.findall(ptx)) == 2 * 2 * K.NUM_MMA_GROUPS + 2 * cfg["NUM_BUFFERS"]
-    assert len(INIT1.findall(_ptx(ALL[TWIN[name]], norms, causal))) == K.NUM_MMA_GROUPS + 2 * cfg["NUM_BUFFERS"]
-    assert "wgmma.wait_group.sync.aligned 1;" in ptx and SS_WGMMA.findall(ptx)
+    assert len(INIT1.findall(C.ptx(ALL[TWIN[name]], norms, causal))) == K.NUM_MMA_GROUPS + 2 * cfg["NUM_BUFFERS"]
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx and C.SS_WGMMA.findall(ptx)
     if norms:  # the normalized Q stored back, per tile, behind the proxy fence and the warpgroup barriers
         assert "fence.proxy.async" in ptx
         for bar in (K.Q_READY_BARRIER.value, K.Q_READY_BARRIER.value + 1):
             assert re.search(rf"\bbar\.sync\s+{bar},\s*128;", ptx), bar
-    spill, in_loop = _sass_spills(ptx)
+    spill, in_loop = C.sass_spills(ptx)
     assert spill <= 8 and not in_loop, (spill, in_loop)  # measured: 8 bytes causal, 4 / 0 non-causal
     r = K.compile_sm90(op, *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=causal, o_norm=norms)
     assert r["smem_ok"] and r["num_warps"] == 12 and r["ptx_markers"]["setmaxnreg"] > 0, r
@@ -141,11 +78,11 @@ def test_persistent_grid_is_one_launch():
     """B·Hq = 65536 (past the 65535 limit of grid axis y): one launch of 132 CTAs over all (batch, head) pairs, not
     two slices; few work tiles: one CTA per tile."""
     cfg = PERSIST["bn128-buf2-pipe-coop-persist-mat"]
-    launches, _ = _launch(cfg, False, True, shape=(16, 2048, 32), D=64)
+    launches, _ = C.launch(cfg, False, True, shape=(16, 2048, 32), D=64)
     (args, grid), = launches
     assert grid == (K.H200_NUM_SMS, 1, 1) and args[-1] == 65536 and args[0].shape[0] == 2048
-    assert len(_launch(ALL[TWIN["bn128-buf2-pipe-coop-persist-mat"]], False, True, shape=(16, 2048, 32), D=64)[0]) == 2
-    (args, grid), = _launch(cfg, True, False, shape=(300, 1, 2))[0]
+    assert len(C.launch(ALL[TWIN["bn128-buf2-pipe-coop-persist-mat"]], False, True, shape=(16, 2048, 32), D=64)[0]) == 2
+    (args, grid), = C.launch(cfg, True, False, shape=(300, 1, 2))[0]
     assert grid == (3 * 2, 1, 1) and args[-1] == 2
 
 
@@ -154,9 +91,9 @@ def test_persistent_head_dim_64_and_three_buffers(norms):
     """D = 64 (the grid-slice check's head dim): a 3-deep K/V ring fits next to the two Q buffers; no spills in the
     KV loop."""
     cfg = {**PERSIST["bn128-buf2-pipe-pingpong-persist-mat"], "NUM_BUFFERS": 3}
-    ptx = _ptx(cfg, norms, True, shape=(300, 2, 4), D=64)
+    ptx = C.ptx(cfg, norms, True, shape=(300, 2, 4), D=64)
     assert "cp.async.bulk.tensor.3d" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx
-    spill, in_loop = _sass_spills(ptx)
+    spill, in_loop = C.sass_spills(ptx)
     assert spill <= 8 and not in_loop, (spill, in_loop)
 
 
@@ -165,10 +102,10 @@ def test_persistent_other_loops_compile(base):
     """The non-pipelined loop and the pipelined prepass column scale with PERSISTENT (not shipped): they compile
     and fit; spills bounded."""
     cfg = {**ALL[base], "PERSISTENT": True, "WARP_ARRIVE": True}
-    ptx = _ptx(cfg, True, True)
+    ptx = C.ptx(cfg, True, True)
     assert ptx.count("tensormap.replace.tile.global_address") == 3 and "cp.async.bulk.tensor.3d" in ptx
     assert len(INIT1.findall(ptx)) == 2 * 2 * K.NUM_MMA_GROUPS + 2 * cfg["NUM_BUFFERS"]
-    spill, in_loop = _sass_spills(ptx)
+    spill, in_loop = C.sass_spills(ptx)
     # measured: the non-pipelined loop none in the loop; the pipelined prepass loop (rstd_k column scale, not
     # shipped) 12 bytes, one local reload per KV step per consumer warpgroup (hence not in the timed entries)
     assert spill <= 16 and len(in_loop) <= (2 if cfg.get("PIPELINE") else 0), (spill, in_loop)
@@ -179,7 +116,7 @@ def test_persistent_other_loops_compile(base):
 def test_persistent_causal_order_is_lpt():
     """PERSISTENT's causal tile order is always heaviest first: LPT changes nothing in the kernel."""
     cfg = PERSIST["bn128-buf2-pipe-pingpong-persist-mat"]
-    assert ptx_code(_ptx({**cfg, "LPT": True})) == ptx_code(_ptx(cfg))  # code only: debug info names the path
+    assert ptx_code(C.ptx({**cfg, "LPT": True})) == ptx_code(C.ptx(cfg))  # code only: debug info names the path
 
 
 def test_persistent_config_validation():
@@ -189,8 +126,8 @@ def test_persistent_config_validation():
         K.TilingConfig(PERSISTENT=True, K_NORM="inloop")
     assert not K.TilingConfig().PERSISTENT
     with pytest.raises(ValueError, match="shared memory"):  # 2 x 32 KiB of Q + 3 x 64 KiB of K/V > 227 KiB
-        _launch({**PERSIST["bn128-buf2-pipe-pingpong-persist-mat"], "NUM_BUFFERS": 3})
-    _launch({**PERSIST["bn128-buf2-pipe-pingpong-persist-mat"], "NUM_BUFFERS": 3}, shape=(300, 2, 4), D=64)  # fits
+        C.launch({**PERSIST["bn128-buf2-pipe-pingpong-persist-mat"], "NUM_BUFFERS": 3})
+    C.launch({**PERSIST["bn128-buf2-pipe-pingpong-persist-mat"], "NUM_BUFFERS": 3}, shape=(300, 2, 4), D=64)  # fits
 
 
 # ------------------------------------------------------------------------------------------------------------ GPU
