@@ -155,6 +155,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels_tlx import lazy_prenorm as _lp
+from normfuse.codestats import ptxas_info
 from normfuse.techniques import multi_cta as _spec
 from normfuse.tiling import TilingConfigBase
 from normfuse.validate import check_eps, check_forward_only
@@ -1232,28 +1233,6 @@ def _ttgir_cluster_sync(ttgir: str) -> dict:
             "regions": [[r.count("ttng.cluster_arrive"), r.count("ttng.cluster_wait")] for r in regions]}
 
 
-def _ptxas_info(ptx: str) -> dict:
-    """``ptxas -v`` on the PTX (sm_90a): registers and spill bytes (None where unparsed)."""
-    import subprocess
-    import tempfile
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.TemporaryDirectory() as d:
-        src = f"{d}/k.ptx"
-        with open(src, "w") as f:
-            f.write(ptx)
-        log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", src, "-o", f"{d}/k.cubin"],
-                             capture_output=True, text=True, timeout=300).stderr
-
-    def grab(pattern):
-        m = re.search(pattern, log)
-        return int(m.group(1)) if m else None
-
-    return {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
-            "spill_loads": grab(r"(\d+) bytes spill loads")}
-
-
 def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6, config=None,
                  affine: bool = False, ptxas: bool = False, colsum: torch.Tensor | None = None,
                  beta_b: torch.Tensor | None = None) -> dict:
@@ -1301,7 +1280,7 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
     out["ttgir_cluster_sync"] = _ttgir_cluster_sync(compiled.asm["ttgir"])
     out["expect_tx_bytes"] = sorted({int(v) for v in re.findall(r"mbarrier\.arrive\.expect_tx[^\n]*, (\d+);", ptx)})
     if ptxas:
-        out["ptxas"] = _ptxas_info(ptx)
+        out["ptxas"] = ptxas_info(ptx)
     out["grid"] = list(grid)
     out["block_n"] = bn
     out["config"] = cfg.to_dict()

@@ -59,6 +59,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from normfuse.codestats import ptxas_info
 from normfuse.mxfp8 import check_scale_mode
 from normfuse.techniques import mxnorm as _spec
 from normfuse.tiling import TilingConfigBase
@@ -470,27 +471,6 @@ def mxnorm_mxfp8(x: torch.Tensor, *, p: int = 2, eps: float = 1e-6, scale_mode: 
     return _launch("mxnorm_mxfp8", x, p, eps, scale_mode, config, need_cuda=not _interpreting())[0]
 
 
-def _ptxas_info(ptx: str) -> dict:
-    """``ptxas -v`` (sm_90a) on the PTX: registers and spill bytes (None where not reported)."""
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.TemporaryDirectory() as d:
-        with open(f"{d}/k.ptx", "w") as f:
-            f.write(ptx)
-        log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                             capture_output=True, text=True, timeout=120).stderr
-
-    def grab(pattern):
-        m = re.search(pattern, log)
-        return int(m.group(1)) if m else None
-
-    return {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores")}
-
-
 def compile_sm90(op: str, x: torch.Tensor, *, eps: float = 1e-6, config=None, p: int = 2,
                  scale_mode: str = "floor") -> dict:
     """Compile ``op`` ("rmsnorm_mxfp8" or "mxnorm_mxfp8") for sm_90 without a GPU (never launches); the caller must
@@ -516,7 +496,7 @@ def compile_sm90(op: str, x: torch.Tensor, *, eps: float = 1e-6, config=None, p:
         "bar_sync": ptx.count("bar.sync"),
         "cvt_e4m3": ptx.count("cvt.rn.satfinite.e4m3x2.f32"),
     }
-    out["ptxas"] = _ptxas_info(ptx)
+    out["ptxas"] = ptxas_info(ptx)
     out["params"] = prm
     out["config"] = _as_config(config).to_dict()
     return out

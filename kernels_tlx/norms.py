@@ -64,7 +64,6 @@ Sources: TLX (fbtriton 3.7.4), https://github.com/facebookexperimental/triton --
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +71,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from normfuse.codestats import ptxas_info
 from normfuse.techniques import norms as _spec
 from normfuse.tiling import TilingConfigBase
 from normfuse.validate import check_eps, check_forward_only
@@ -472,29 +472,6 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     return (y, mean, rstd) if rstd is not None else (y, )
 
 
-def _ptxas_info(ptx: str) -> dict:
-    """``ptxas -v`` on the PTX (sm_90a): {'registers', 'spill_stores', 'spill_loads'} (None where unparsed).
-    Triton's own compile does not keep this log; the whole row lives in registers, so spills matter here."""
-    import subprocess
-    import tempfile
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.TemporaryDirectory() as d:
-        src = f"{d}/k.ptx"
-        with open(src, "w") as f:
-            f.write(ptx)
-        log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", src, "-o", f"{d}/k.cubin"],
-                             capture_output=True, text=True, timeout=120).stderr
-
-    def grab(pattern):
-        m = re.search(pattern, log)
-        return int(m.group(1)) if m else None
-
-    return {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
-            "spill_loads": grab(r"(\d+) bytes spill loads")}
-
-
 def compile_sm90(op: str, x: torch.Tensor, *, eps: float = 1e-6, config=None, affine: bool = False) -> dict:
     """Compile ``op`` (``"rms_norm"`` or ``"layer_norm"``) for sm_90 without a GPU; never launches.
 
@@ -503,7 +480,7 @@ def compile_sm90(op: str, x: torch.Tensor, *, eps: float = 1e-6, config=None, af
 
     Returns ``normfuse.compile_only.summarize(compiled)`` (ptx_markers incl. ``mapa``, shared_bytes, num_warps,
     smem_ok, cluster_dims) plus ``ptx_extra`` (st.async / cluster-barrier / mbarrier counts), ``grid``,
-    ``block_n``, ``elems_per_thread``, ``ptxas`` (registers / spill bytes, ``_ptxas_info``) and ``config``.
+    ``block_n``, ``elems_per_thread``, ``ptxas`` (registers / spill bytes, ``normfuse.codestats.ptxas_info``) and ``config``.
     Raises like the ops (minus the CUDA check).
     """
     from normfuse.compile_only import summarize
@@ -525,7 +502,7 @@ def compile_sm90(op: str, x: torch.Tensor, *, eps: float = 1e-6, config=None, af
         "mbarrier_try_wait": ptx.count("mbarrier.try_wait"),
         "cluster_ctarank": ptx.count("%cluster_ctarank"),
     }
-    out["ptxas"] = _ptxas_info(ptx)
+    out["ptxas"] = ptxas_info(ptx)
     out["grid"] = list(grid)
     out["block_n"] = bn
     out["elems_per_thread"] = cfg.elems_per_thread(bn)

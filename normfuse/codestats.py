@@ -100,6 +100,34 @@ def ptxas_stats(compiled, arch: int = 90) -> dict:
                       sass_kb=round(SASS_BYTES_PER_INSTRUCTION * n_instr / 1024, 1))
 
 
+def ptxas_log(ptx: str, arch: int = 90, timeout_s: float = 300) -> tuple[int, str]:
+    """``(return code, log)`` of ``ptxas -v`` on PTX text for ``sm_<arch>a`` (the installed Triton's ptxas; the
+    cubin is discarded): for checks of registers, spills or ptxas warnings (e.g. C7515, wgmma serialization) of a
+    kernel compiled on the CPU."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        p = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                           capture_output=True, text=True, timeout=timeout_s)
+    return p.returncode, p.stdout + p.stderr
+
+
+def ptxas_info(ptx: str, arch: int = 90, timeout_s: float = 300) -> dict:
+    """``ptxas_log``'s ``{registers, spill_stores, spill_loads}`` (count per thread; bytes), None where the log has
+    no such line (e.g. ptxas failed) — the compile-only summaries of the kernels (``compile_sm90(..., ptxas=True)``)
+    report it as is."""
+    log = ptxas_log(ptx, arch, timeout_s)[1]
+
+    def grab(pattern):
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else None
+
+    return {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
+            "spill_loads": grab(r"(\d+) bytes spill loads")}
+
+
 def ptx_to_sass(ptx: str, arch: int = 90) -> tuple[str, str]:
     """``(ptxas -v log, cuobjdump SASS)`` of PTX text compiled for ``sm_<arch>a`` with the installed Triton's ptxas
     (for tests that read the machine code of a kernel compiled on the CPU). RuntimeError when ptxas fails (its log's

@@ -396,16 +396,11 @@ from pathlib import Path
 from normfuse import compile_only
 compile_only.install(90)
 from kernels_triton.lazy_prenorm import compile_sm90_kernel
-from triton.backends.nvidia.compiler import get_ptxas
+from normfuse.codestats import ptxas_log
 
 def ptxas(ck):
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ck.asm["ptx"])
-        p = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                           capture_output=True, text=True)
-    log = p.stdout + p.stderr
-    return {"rc": p.returncode, "serialized": "C7515" in log,
+    rc, log = ptxas_log(ck.asm["ptx"])
+    return {"rc": rc, "serialized": "C7515" in log,
             "spills": [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]}
 
 out = {}

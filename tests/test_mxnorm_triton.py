@@ -99,20 +99,15 @@ def test_interpreter_device_helpers(interp):
 # compile-only for sm_90
 # --------------------------------------------------------------------------------------------------------
 _COMPILE = r"""
-import json, re, subprocess, tempfile, torch
+import json, re, torch
 from normfuse import compile_only
 compile_only.install(90)
 from kernels_triton import mxnorm as km
-from triton.backends.nvidia.compiler import get_ptxas
+from normfuse.codestats import ptxas_info
 
 
 def ptxas(ptx):
-    with tempfile.TemporaryDirectory() as d:
-        open(f"{d}/k.ptx", "w").write(ptx)
-        log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                             capture_output=True, text=True, timeout=120).stderr
-    spill = re.search(r"(\d+) bytes spill stores", log)
-    return int(spill.group(1)) if spill else None
+    return ptxas_info(ptx, timeout_s=120)["spill_stores"]
 
 
 out = {}

@@ -127,19 +127,14 @@ def test_nan_stays_in_its_row(interp):
 # compile-only for sm_90
 # --------------------------------------------------------------------------------------------------------------
 _COMPILE = r"""
-import json, re, subprocess, tempfile, torch
+import json, re, torch
 from normfuse import compile_only
 compile_only.install(90)
 from kernels_triton import norms_bwd as nb
-from triton.backends.nvidia.compiler import get_ptxas
+from normfuse.codestats import ptxas_info
 
 def spills(ptx):
-    with tempfile.TemporaryDirectory() as d:
-        open(f"{d}/k.ptx", "w").write(ptx)
-        log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                             capture_output=True, text=True, timeout=120).stderr
-    m = re.search(r"(\d+) bytes spill stores", log)
-    return int(m.group(1)) if m else None
+    return ptxas_info(ptx, timeout_s=120)["spill_stores"]
 
 out = {}
 for N in (128, 1000, 4096, 8192, 16384):

@@ -471,7 +471,7 @@ from pathlib import Path
 from normfuse import compile_only
 compile_only.install(90)
 from kernels_tlx import lazy_prenorm as K
-from triton.backends.nvidia.compiler import get_ptxas
+from normfuse.codestats import ptxas_log
 
 configs, shapes = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 out = {}
@@ -485,12 +485,7 @@ for name, cfg in configs.items():
         cfg_t = K.TilingConfig.from_dict(cfg)
         args, grid, kw = K._launch_args(a, b, c, 1e-5, True, cfg_t, K.H200_NUM_SMS, (torch.empty(N), torch.empty(N)))
         ck = K._lazy_prenorm_ws_kernel.warmup(*args, grid=grid, **kw)
-        with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp) / "k.ptx"
-            src.write_text(ck.asm["ptx"])
-            p = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                               capture_output=True, text=True)
-        log = p.stdout + p.stderr
+        log = ptxas_log(ck.asm["ptx"])[1]
         s["spill_stores"] = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", log))
         s["serialized"] = "C7515" in log
         s["fence_proxy_async"] = ck.asm["ptx"].count("fence.proxy.async")
