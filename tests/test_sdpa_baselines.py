@@ -1,6 +1,7 @@
 """fna_llm's SDPA baselines: default dispatch with the backend recorded, forced backends, and sdpa_fraction against
 the fastest SDPA backend."""
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -61,3 +62,17 @@ def test_forced_sdpa_backends_run_on_gpu():
         assert T.check(impl, out, inp, 1e-6, "causal")["ok"], impl
     assert T.baseline_details("sdpa", inp, "causal")["sdpa_backend"] in ("CUDNN_ATTENTION", "FLASH_ATTENTION",
                                                                          "EFFICIENT_ATTENTION")
+
+
+def test_hidden_of_other_techniques_left_alone():
+    """A frame mixing fna_llm with a GEMM technique (whose hidden_dsl normfuse.metrics.add_hidden filled): fna_llm's
+    add_metrics resets and fills its own rows only."""
+    llm = {"technique": "fna_llm", "variant": "causal", "M": 1024, "N": 1, "K": 32, "dtype": "bf16", "status": "ok"}
+    rows = [{**llm, "dsl": d, "impl": i, "p50_ms": t, "hidden_dsl": np.nan, "hidden_best": np.nan}
+            for d, i, t in (("torch", "sdpa", 1.0), ("torch", "sdpa_plus_norms", 1.1), ("tlx", "attention", 1.0),
+                            ("tlx", "fused", 1.05))]
+    rows.append({"technique": "naive_fusion", "variant": "rmsnorm", "M": 4096, "N": 512, "K": 512, "dtype": "bf16",
+                 "status": "ok", "dsl": "tlx", "impl": "fused", "p50_ms": 0.1, "hidden_dsl": 0.75, "hidden_best": 0.5})
+    df = T.add_metrics(pd.DataFrame(rows))
+    assert df.iloc[-1][["hidden_dsl", "hidden_best"]].tolist() == [0.75, 0.5]
+    assert df.iloc[3]["hidden_dsl"] == pytest.approx(0.5)
