@@ -918,24 +918,14 @@ def ptxas_usage(compiled) -> dict:
     programs per H200 SM allowed by registers and shared memory (228 KiB per SM, 1 KiB reserved per program).
     Raises RuntimeError when ptxas fails or its report cannot be read."""
     import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
 
-    from triton.backends.nvidia.compiler import get_ptxas
+    from normfuse.codestats import ptxas_log
 
-    ptx = compiled.asm["ptx"]
-    arch = re.search(r"^\.target\s+(sm_\w+)", ptx, flags=re.M)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        proc = subprocess.run([get_ptxas(90).path, f"-arch={arch.group(1) if arch else 'sm_90a'}", "-v", str(src),
-                               "-o", str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
-    log = proc.stdout + proc.stderr
+    rc, log = ptxas_log(compiled.asm["ptx"])  # sm_90a, the target of every kernel compiled here
     regs = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    if proc.returncode or not regs or not spills:
-        raise RuntimeError(f"ptxas -v failed (rc={proc.returncode}):\n{log[-2000:]}")
+    if rc or not regs or not spills:
+        raise RuntimeError(f"ptxas -v failed (rc={rc}):\n{log[-2000:]}")
     threads = 32 * int(compiled.metadata.num_warps)
     n_regs = int(regs.group(1))
     by_regs = H200_REGS_PER_SM // (threads * max(8, -(-n_regs // 8) * 8))  # registers are allocated per 8
