@@ -359,6 +359,7 @@ def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None,
     return "\n".join(lines)
 
 
+MIN_DEFINED_ROUNDS = 0.9  # paired tables: a secondary metric is shown for a cell only if defined in this share of rounds
 PCT_METRICS = ("hidden_dsl", "hidden_best", "saving", "sdpa_fraction", "frac_cublas")  # shown ×100 as %
 
 
@@ -404,8 +405,9 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
     names = getattr(spec, "DIM_LABELS", {})
     variants = _variants(p)
     n = p.loc[p["metric"] == primary, "n_rounds"] if primary in present else p["n_rounds"]
-    # a metric defined in fewer than half of a cell's rounds (e.g. fna_llm's hidden_dsl where SDPA + norms ran
-    # faster than SDPA alone) is not shown for that cell: its median would be a few rounds' noise
+    # a metric defined in fewer than MIN_DEFINED_ROUNDS of a cell's rounds (e.g. fna_llm's hidden_dsl, undefined
+    # where SDPA + norms ran faster than SDPA alone) is not shown for that cell: its median over the rounds left
+    # would be biased (only the rounds whose denominator came out positive)
     cell_rounds = p[p["metric"] == primary].groupby(metrics.SHAPE)["n_rounds"].max() if primary in present else None
     out = [f"Paired timing: {_range_text(n.min(), n.max())} interleaved rounds per shape; in each round every "
            "participant (the baselines and each DSL's best config of each impl) is timed once, the metric is computed "
@@ -427,7 +429,7 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
                     names.get("M", "M"): M, names.get("K", "K"): K, names.get("N", "N"): N}
                 if cell_rounds is not None and metric != primary:
                     full = cell_rounds.reindex(pd.MultiIndex.from_frame(g[metrics.SHAPE])).to_numpy()
-                    g = g[~(g["n_rounds"].to_numpy() < 0.5 * full)]
+                    g = g[~(g["n_rounds"].to_numpy() < MIN_DEFINED_ROUNDS * full)]
                     if g.empty:
                         sparse += 1
                         rows.append(r | {plots.label(d): "–" for d in dsls} | {"best": "–"})
@@ -457,8 +459,8 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
         what = f"{metric_label(spec, metric).replace(chr(10), ' ')} ({metric}, {unit}) of each DSL's best {impl} config"
         out += [f"{what}:", "", table.fillna("–").to_markdown(index=False, disable_numparse=True), ""]
         if sparse:
-            out += [f"– in {sparse} cell(s): {metric} was defined in fewer than half of the cell's rounds (not shown).",
-                    ""]
+            out += [f"– in {sparse} cell(s): {metric} was defined in fewer than {MIN_DEFINED_ROUNDS:.0%} of the "
+                    "cell's rounds (not shown).", ""]
         tally = _verdict_tally(verdicts)
         if tally:
             out += [tally, ""]
