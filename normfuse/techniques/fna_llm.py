@@ -48,8 +48,8 @@ Metrics: TFLOP/s from ``flops`` (4·B·Hq·S²·D, halved for causal; norms not 
 TFLOP/s is directly comparable with SDPA's), ``sdpa_fraction`` (the fraction of the fastest SDPA backend's TFLOP/s
 kept: ``min(T_sdpa, T_sdpa_flash, T_sdpa_cudnn) / T``) and ``speedup_vs_unfused`` (vs 'sdpa_plus_norms'):
 ``add_metrics``, which also gives the fused rows the blog's "% of normalization latency hidden" (``hidden_dsl``
-against the same DSL's attention, ``hidden_best`` against the fastest attention) with ``T_sdpa_plus_norms - T_sdpa``
-as the norms' cost. On the H200 with torch 2.11 the default dispatch is cuDNN for these shapes and runs 1.7× the
+against the same DSL's attention, ``hidden_best`` against the faster of it and SDPA) with ``T_sdpa_plus_norms -
+T_sdpa`` as the norms' cost. On the H200 with torch 2.11 the default dispatch is cuDNN for these shapes and runs 1.7× the
 FlashAttention-2 backend (issue 13's measurement), so which SDPA is "SDPA" decides the verdict: runs before
 2026-12-01 passed a backend list to ``sdpa_kernel`` (which sets no priority) and so measured the default (cuDNN)
 while calling it "flash".
