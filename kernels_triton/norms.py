@@ -167,6 +167,11 @@ class TilingConfig(TilingConfigBase):
       reduced once after it: ``mean = c + S1 / N``, ``var = max(S2 / N - (S1 / N)^2, 0)``. Stable for mean-shifted
       rows (the shift removes the mean up to one element's deviation: ``(mean - c)^2 <= N * var``), not
       ``E[x^2] - mean^2``. RMSNorm and the whole-row kernel ignore it.
+    * ``LEAN_ARGS`` (bool): pass None for every pointer or scalar the compiled kernel never reads (w / b without
+      affine, mean / rstd with ``STATS=False``, eps with ``CONST_EPS``, n_tiles without ``PERSISTENT``): Triton
+      turns a None argument into a constexpr and drops it from the kernel's parameters, so with ``SPECIALIZE``,
+      ``STATS=False`` and ``CONST_EPS`` the parameter block is Inductor's (x, y, the two row / column counts and
+      Triton's two scratch pointers; 10-12 parameters otherwise). Same code otherwise.
     * ``MAXNREG`` (int multiple of 8 in [16, 248] or None): register cap per thread handed to ptxas (Triton's
       ``maxnreg`` compile option, ``.maxnreg`` in the PTX), e.g. 32 so that two 1024-thread programs fit per SM
       (65536 registers). Values below what the kernel needs make ptxas spill to local memory (check ``ptxas -v``).
@@ -186,6 +191,7 @@ class TilingConfig(TilingConfigBase):
     STATS: bool = True
     CONST_EPS: bool = False
     LN_STATS: str = "twopass"
+    LEAN_ARGS: bool = False
     MAXNREG: int | None = None
 
     def __post_init__(self):
@@ -199,7 +205,7 @@ class TilingConfig(TilingConfigBase):
                                  f"got {v!r}")
             if not (_is_pow2(v) and lo <= v <= hi):
                 raise ValueError(f"TilingConfig.{name}={v} must be a power of 2 in [{lo}, {hi}]")
-        for name in ("PERSISTENT", "REREAD", "SPECIALIZE", "STATS", "CONST_EPS"):
+        for name in ("PERSISTENT", "REREAD", "SPECIALIZE", "STATS", "CONST_EPS", "LEAN_ARGS"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TilingConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.EVICT, str) or self.EVICT not in _EVICT_POLICIES:
@@ -517,7 +523,7 @@ def launch_params(M: int, N: int, dtype: torch.dtype, config=None, *, num_sms: i
     ``PERSISTENT``, ``n_tiles``, ``grid``, the shape specialization ``EVEN_M`` / ``EVEN_N`` (mask-free rows /
     columns) and ``IDX64`` (int64 row offsets; always True without ``SPECIALIZE``), ``EVICT`` (Triton's
     eviction_policy string), ``STATS``, ``CONST_EPS``, ``SHIFTED`` (``LN_STATS == "shifted"``; LayerNorm's looped
-    kernel only) and ``MAXNREG``. Pure host arithmetic (no triton call); the rules are in the
+    kernel only), ``MAXNREG`` and ``LEAN_ARGS``. Pure host arithmetic (no triton call); the rules are in the
     ``TilingConfig`` docstring. Raises the ``TilingConfig`` errors."""
     cfg = _as_config(config)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -548,7 +554,8 @@ def launch_params(M: int, N: int, dtype: torch.dtype, config=None, *, num_sms: i
     return dict(BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, LOOPED=looped, ALIGN=align,
                 PERSISTENT=cfg.PERSISTENT, n_tiles=n_tiles, grid=(programs,), SPECIALIZE=spec, EVEN_M=even_m,
                 EVEN_N=even_n, IDX64=idx64, EVICT=_EVICT_POLICIES[cfg.EVICT], STATS=cfg.STATS,
-                CONST_EPS=cfg.CONST_EPS, SHIFTED=cfg.LN_STATS == "shifted", MAXNREG=cfg.MAXNREG)
+                CONST_EPS=cfg.CONST_EPS, SHIFTED=cfg.LN_STATS == "shifted", MAXNREG=cfg.MAXNREG,
+                LEAN_ARGS=cfg.LEAN_ARGS)
 
 
 def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
@@ -587,12 +594,18 @@ def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
         meta["EPS_C"] = eps  # > 0 (check_eps): 0.0 is the kernel's "runtime eps" sentinel
     if p["MAXNREG"] is not None:
         meta["maxnreg"] = p["MAXNREG"]  # Triton compile option (NVIDIA): .maxnreg in the PTX
-    scalars = (M, N // p["ALIGN"], eps, p["n_tiles"])
-    rstd_arg = rstd if rstd is not None else y
+    lean = p["LEAN_ARGS"]  # None (a constexpr: no kernel parameter) for what the kernel never reads
+    scalars = (M, N // p["ALIGN"], None if lean and p["CONST_EPS"] else eps,
+               None if lean and not p["PERSISTENT"] else p["n_tiles"])
+    unused = None if lean else y  # otherwise a dummy pointer for an output the kernel never writes
+    if lean:
+        w = weight
+        b = bias
+    rstd_arg = rstd if rstd is not None else unused
     if op == "rms_norm":
         kernel, args = _rms_norm_kernel, (x, w, y, rstd_arg, *scalars)
     else:
-        mean_arg = mean if mean is not None else y
+        mean_arg = mean if mean is not None else unused
         kernel, args = _layer_norm_kernel, (x, w, b, y, mean_arg, rstd_arg, *scalars)
         meta["HAS_B"] = bias is not None
         if p["SHIFTED"]:

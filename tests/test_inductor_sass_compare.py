@@ -32,7 +32,8 @@ out = dict(kernels=[dict(label=k["label"], regs=k["stats"]["regs"], sass_instr=k
                          stg=k["mem"]["STG"], in_flight=k["ldg_in_flight"], launch=k["launch"],
                          occ=k["occupancy"], params=k["cubin_attrs"].get("KPARAM_INFO"))
                     for k in c["kernels"]],
-           diffs={l: dict(same_code=d["same_code"], same_opcodes=d["same_opcodes"], delta=d["opcode_delta"],
+           diffs={l: dict(same_code=d["same_code"], same_opcodes=d["same_opcodes"], same_cubin=d["same_cubin"],
+                          delta=d["opcode_delta"],
                           udiff=d["udiff"]) for l, d in c["diffs"].items()},
            md="LDG.E.128" in md and "## Verdict" in md and "identical" in md)
 print(json.dumps(out))
@@ -42,7 +43,7 @@ print(json.dumps(out))
 def test_compare_cell_rms_1024():
     r = run_python_json(_CELL_SCRIPT, timeout=600)
     by = {k["label"]: k for k in r["kernels"]}
-    assert list(by) == ["inductor", "per-w1-spec", "per-w1-spec-eps"]
+    assert list(by) == ["inductor", "per-w1-spec", "per-w1-spec-eps", "per-w1-spec-eps-lean"]
     for k in by.values():
         assert k["regs"] > 0 and k["sass_instr"] > 0 and k["body"] > 0, k
         # one warp, one row of 1024 bf16 per program: 4 x 16-byte loads and stores per thread, all in flight
@@ -55,6 +56,9 @@ def test_compare_cell_rms_1024():
     assert by["per-w1-spec-eps"]["ptx"] == 184 and by["per-w1-spec"]["ptx"] == 185
     assert int(ind["params"]) < int(by["per-w1-spec-eps"]["params"])  # x, y, xnumel, r0_numel + 2 scratch
     assert r["diffs"]["per-w1-spec-eps"]["same_code"] and r["diffs"]["per-w1-spec-eps"]["udiff"] == []
+    # LEAN_ARGS drops the unused arguments: Inductor's parameter block, so the whole cubin matches (not without it)
+    assert r["diffs"]["per-w1-spec-eps-lean"]["same_cubin"] and not r["diffs"]["per-w1-spec-eps"]["same_cubin"]
+    assert by["per-w1-spec-eps-lean"]["params"] == ind["params"]
     # the runtime eps is a constant-bank load where Inductor folds the immediate: the comparison must see it
     spec = r["diffs"]["per-w1-spec"]
     assert not spec["same_code"] and not spec["same_opcodes"] and spec["delta"].get("LDC") == 1, spec

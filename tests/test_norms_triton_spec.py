@@ -49,6 +49,8 @@ OPTS = [  # (label, options added to the base config)
     ("nostats", {"STATS": False}),
     ("spec-eps", {"SPECIALIZE": True, "CONST_EPS": True, "STATS": False}),
     ("eps-maxnreg", {"CONST_EPS": True, "MAXNREG": 32}),  # the interpreter ignores maxnreg
+    ("lean", {"LEAN_ARGS": True}),  # None for what the kernel never reads (w / b without affine, n_tiles)
+    ("spec-eps-lean", {"SPECIALIZE": True, "CONST_EPS": True, "STATS": False, "LEAN_ARGS": True}),
 ]
 SHIFT_OPTS = [("shifted", {"LN_STATS": "shifted"}),
               ("spec-shifted", {"LN_STATS": "shifted", "SPECIALIZE": True, "CONST_EPS": True})]
@@ -131,7 +133,7 @@ def test_interpreter_shifted_ln_stats(interp):
 
 def test_interpreter_options_correct_and_identical(interp):
     interp = interp["rows"]
-    assert len(interp) == 2 * 9 * 2 * 2 * 6
+    assert len(interp) == 2 * 9 * 2 * 2 * 8
     bad = [r for r in interp if not (r["ok"] and r["same_y"] and r["same_stats"] and r["n_out"] == r["want_n_out"])]
     assert not bad, json.dumps(bad[:10], indent=1)
     # the cases reach both paths: mask-free (both EVEN) and masked, whole-row and looped, int32 offsets
