@@ -697,9 +697,9 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor
     out["plan"] = dataclasses.asdict(p)
     out["smem_estimate"] = p.SMEM_BYTES
     if ptxas:
-        from kernels_tlx.norms import _ptxas_info
+        from normfuse.codestats import ptxas_info
 
-        out["ptxas"] = _ptxas_info(ptx)
+        out["ptxas"] = ptxas_info(ptx)
     return out
 
 

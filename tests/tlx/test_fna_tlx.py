@@ -19,7 +19,8 @@ from normfuse import compile_only
 compile_only.install(90)
 from normfuse.techniques import fna as T
 from kernels_tlx import fna as kt
-from kernels_tlx.multi_cta import _ptx_extras, _ptxas_info
+from kernels_tlx.multi_cta import _ptx_extras
+from normfuse.codestats import ptxas_info
 import yaml
 res = []
 for entry in yaml.safe_load(Path("configs/tiling/fna_h200.yaml").read_text())["tlx"]:
@@ -33,7 +34,7 @@ for entry in yaml.safe_load(Path("configs/tiling/fna_h200.yaml").read_text())["t
         s["st_async_unpredicated"] = len(re.findall(r"^\s*st\.async", ptx, re.M))
         s["expect_tx_bytes"] = sorted({int(v) for v in re.findall(r"mbarrier\.arrive\.expect_tx[^\n]*, (\d+);", ptx)})
         if cfg.get("CLUSTER"):
-            s["ptxas"] = _ptxas_info(ptx)
+            s["ptxas"] = ptxas_info(ptx)
         res.append(dict(name=name, H=H, D=D, cluster=bool(cfg.get("CLUSTER")), **s))
 print(json.dumps(res))
 """

@@ -67,6 +67,7 @@ import json, sys, torch
 from normfuse import compile_only
 compile_only.install(90)
 from kernels_tlx import lazy_prenorm as klp, multi_cta as km
+from normfuse.codestats import ptxas_info
 
 out = {}
 for op, name, M, N, K in json.loads(sys.argv[1]):
@@ -79,7 +80,7 @@ for op, name, M, N, K in json.loads(sys.argv[1]):
     norm = {"matmul": "none", **km._NORM_OF_OP}[op]
     _, _, _, args, kw = km._prepare(a, b, None, None, 1e-5, norm, mcfg, need_cuda=False)
     ck = km._multi_cta_norm_kernel.warmup(*args, grid=km._grid(mcfg, M, None), **kw)
-    s["ptxas"] = km._ptxas_info(ck.asm["ptx"])
+    s["ptxas"] = ptxas_info(ck.asm["ptx"])
     s["launch"] = {k: v for k, v in kw.items() if k in ("EVEN_K", "HAS_W", "HAS_B", "NORM", "STORE_DEFER")}
     out[f"{op}/{name}/{M}x{N}x{K}"] = s
 print(json.dumps(out))

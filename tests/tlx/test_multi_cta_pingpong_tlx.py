@@ -45,6 +45,7 @@ import json, re, sys, torch
 from normfuse import compile_only
 compile_only.install(90)
 from kernels_tlx import multi_cta as km
+from normfuse.codestats import ptxas_info
 
 def facts(ptx):
     lines = [l.strip() for l in ptx.splitlines()]
@@ -86,7 +87,7 @@ for name, N, base in json.loads(sys.argv[1]):
         _, _, _, args, kw = km._prepare(a, b, None, None, None, "none", cfg, need_cuda=False)
         ck = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE,), **kw)
         out[f"{cfg_name}/none/{N}"] = {"facts": facts(ck.asm["ptx"]), "shared_bytes": int(ck.metadata.shared),
-                                       "ptxas": km._ptxas_info(ck.asm["ptx"])}
+                                       "ptxas": ptxas_info(ck.asm["ptx"])}
 print(json.dumps(out))
 """
 

@@ -88,6 +88,7 @@ import json, torch, yaml
 from normfuse import compile_only
 compile_only.install(90)
 from kernels_tlx import norms
+from normfuse.codestats import ptxas_info
 
 def count(ptx):
     body = ptx[ptx.index("{", ptx.index(".entry")):].split(".section", 1)[0]
@@ -105,7 +106,7 @@ for op in norms.OPS:
         for label, cfg in (("plain", PLAIN), ("spec", SPEC)):
             ck = norms._launch(op, torch.empty(M, N, dtype=torch.bfloat16), None, None, 1e-6,
                                norms.TilingConfig.from_dict(cfg), need_cuda=False, compile_only=True)[3]
-            out.append(dict(op=op, M=M, N=N, label=label, **count(ck.asm["ptx"]), **norms._ptxas_info(ck.asm["ptx"])))
+            out.append(dict(op=op, M=M, N=N, label=label, **count(ck.asm["ptx"]), **ptxas_info(ck.asm["ptx"])))
 entries = [e for e in yaml.safe_load(open("configs/tiling/norms_h200.yaml"))["tlx"] if "SPECIALIZE" in e]
 yaml_rows = []
 for e in entries:
