@@ -2,9 +2,10 @@
 CPU.
 
 1. One cell end to end (RMSNorm 262144 x 1024, in a subprocess: the compile-only driver is process-wide): Inductor's
-   captured kernel and our ``per-w1-spec`` / ``per-w1-spec-eps`` compile, the Inductor compile reproduces the
+   captured kernel and our ``per-w1-spec`` / ``per-w1-spec-eps`` / ``per-w1-spec-eps-lean`` compile, the Inductor compile reproduces the
    README's PTX count (184), the SASS has instructions and 16-byte LDG / STG entries, ``per-w1-spec-eps`` is
-   identical to Inductor's SASS and ``per-w1-spec`` (runtime eps: one ``LDC``) is found different, and the report
+   identical to Inductor's SASS, ``-lean`` also in its parameter layout (``same_cubin``), ``per-w1-spec`` (runtime
+   eps: one ``LDC``) is found different, and the report
    renders its tables.
 2. The SASS parser's control-word decoding, the loads-in-flight count, access widths and occupancy on fixed text.
 """
