@@ -172,7 +172,7 @@ class TilingConfig(TilingConfigBase):
       turns a None argument into a constexpr and drops it from the kernel's parameters, so without affine, with
       ``STATS=False`` and ``CONST_EPS`` and not ``PERSISTENT`` the parameter block is Inductor's (x, y, the row and
       column counts, which are always passed, and Triton's two scratch pointers: 6 parameters; 10-12 otherwise).
-      Same code otherwise (a None that were read would fail to compile, not compute).
+      Same code otherwise (a None argument that the kernel did read would fail to compile, not compute).
     * ``MAXNREG`` (int multiple of 8 in [16, 248] or None): register cap per thread handed to ptxas (Triton's
       ``maxnreg`` compile option, ``.maxnreg`` in the PTX), e.g. 32 so that two 1024-thread programs fit per SM
       (65536 registers). Values below what the kernel needs make ptxas spill to local memory (check ``ptxas -v``).
