@@ -68,7 +68,7 @@ def ptxas_stats(compiled, arch: int = 90) -> dict:
     ptxas = get_ptxas(arch).path
     gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
     with tempfile.TemporaryDirectory() as tmp:
-        src, out, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.o", Path(tmp) / "shipped.cubin"
+        src, out = Path(tmp) / "k.ptx", Path(tmp) / "k.o"
         src.write_text(asm["ptx"])
         p = subprocess.run([ptxas, "-v", *_ptxas_flags(compiled), f"--gpu-name={gpu}", str(src), "-o", str(out)],
                            capture_output=True, text=True)
@@ -76,10 +76,9 @@ def ptxas_stats(compiled, arch: int = 90) -> dict:
         if p.returncode:
             raise RuntimeError(f"ptxas failed (rc={p.returncode}): {log[-2000:]}")
         sass = None
-        cuobjdump = Path(ptxas).parent / "cuobjdump"
-        if cuobjdump.exists():
-            cubin.write_bytes(asm["cubin"] if isinstance(asm.get("cubin"), bytes) else out.read_bytes())
-            sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
+        if cuobjdump_path(arch) is not None:
+            sass = cuobjdump(asm["cubin"] if isinstance(asm.get("cubin"), bytes) else out.read_bytes(), arch=arch,
+                             check=False)
     regs = re.search(r"Used (\d+) registers", log)
     if regs is None:
         raise RuntimeError(f"ptxas printed no register count: {log[-1000:]}")
@@ -100,17 +99,43 @@ def ptxas_stats(compiled, arch: int = 90) -> dict:
                       sass_kb=round(SASS_BYTES_PER_INSTRUCTION * n_instr / 1024, 1))
 
 
+def cuobjdump_path(arch: int = 90) -> Path | None:
+    """The ``cuobjdump`` beside the installed Triton's ptxas (None when it has none)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    path = Path(get_ptxas(arch).path).parent / "cuobjdump"
+    return path if path.exists() else None
+
+
+def cuobjdump(cubin: bytes, flag: str = "-sass", arch: int = 90, check: bool = True) -> str:
+    """``cuobjdump <flag>`` (``-sass``: the SASS; ``-elf``: the ELF sections and attributes) of a cubin's bytes, with
+    the cuobjdump beside the installed Triton's ptxas. RuntimeError when there is none; ``check``: CalledProcessError
+    when cuobjdump fails (else its stdout as it is)."""
+    tool = cuobjdump_path(arch)
+    if tool is None:
+        raise RuntimeError("no cuobjdump beside the installed Triton's ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([str(tool), flag, str(path)], capture_output=True, text=True, check=check).stdout
+
+
+def _ptxas_run(ptx: str, arch: int, cubin: Path, timeout_s: float | None):
+    """``ptxas -v -arch=sm_<arch>a`` on PTX text (the installed Triton's ptxas), its cubin written to ``cubin``."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    src = cubin.with_suffix(".ptx")
+    src.write_text(ptx)
+    return subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", str(src), "-o", str(cubin)],
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
 def ptxas_log(ptx: str, arch: int = 90, timeout_s: float = 300) -> tuple[int, str]:
     """``(return code, log)`` of ``ptxas -v`` on PTX text for ``sm_<arch>a`` (the installed Triton's ptxas; the
     cubin is discarded): for checks of registers, spills or ptxas warnings (e.g. C7515, wgmma serialization) of a
     kernel compiled on the CPU."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        p = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                           capture_output=True, text=True, timeout=timeout_s)
+        p = _ptxas_run(ptx, arch, Path(tmp) / "k.cubin", timeout_s)
     return p.returncode, p.stdout + p.stderr
 
 
@@ -132,21 +157,15 @@ def ptx_to_sass(ptx: str, arch: int = 90) -> tuple[str, str]:
     """``(ptxas -v log, cuobjdump SASS)`` of PTX text compiled for ``sm_<arch>a`` with the installed Triton's ptxas
     (for tests that read the machine code of a kernel compiled on the CPU). RuntimeError when ptxas fails (its log's
     tail in the message) or no cuobjdump sits beside it."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(arch).path
-    cuobjdump = Path(ptxas).parent / "cuobjdump"
-    if not cuobjdump.exists():
-        raise RuntimeError(f"no cuobjdump beside {ptxas}")
+    if cuobjdump_path(arch) is None:
+        raise RuntimeError("no cuobjdump beside the installed Triton's ptxas")
     with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        src.write_text(ptx)
-        p = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", str(src), "-o", str(cubin)], capture_output=True,
-                           text=True)
+        cubin = Path(tmp) / "k.cubin"
+        p = _ptxas_run(ptx, arch, cubin, None)
+        log = p.stdout + p.stderr
         if p.returncode:
-            raise RuntimeError(f"ptxas failed (rc={p.returncode}): {(p.stdout + p.stderr)[-2000:]}")
-        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    return p.stdout + p.stderr, sass
+            raise RuntimeError(f"ptxas failed (rc={p.returncode}): {log[-2000:]}")
+        return log, cuobjdump(cubin.read_bytes(), arch=arch)
 
 
 def spill_store_bytes(log: str) -> int:

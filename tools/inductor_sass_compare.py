@@ -44,7 +44,6 @@ import ast
 import difflib
 import importlib.util
 import re
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -55,7 +54,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 INDUCTOR_DIR = REPO / "results" / "inductor_norms" / "20261201_h200"
-TILING_YAML = REPO / "configs" / "tiling" / "norms_h200.yaml"
 DEFAULT_OUT = REPO / "results" / "inductor_norms_sass"
 M_DEFAULT = 262144
 EPS = 1e-6  # configs/technique/norms.yaml (the sweep's eps for our kernels and the torch.compile baseline)
@@ -156,13 +154,14 @@ def compile_inductor(path: Path, M: int, N: int):
 
 
 def triton_config(name: str) -> dict:
-    """The ``configs/tiling/norms_h200.yaml`` Triton entry ``name`` without its name (KeyError if absent)."""
-    import yaml
+    """The shipped Triton norms entry ``name`` (configs/tiling/norms_h200.yaml) without its name (KeyError if
+    absent)."""
+    from normfuse.gpu_checks import shipped_configs
 
-    for e in yaml.safe_load(TILING_YAML.read_text())["triton"]:
+    for e in shipped_configs("triton", "norms"):
         if e["name"] == name:
             return {k: v for k, v in e.items() if k != "name"}
-    raise KeyError(f"no Triton config {name!r} in {TILING_YAML}")
+    raise KeyError(f"no Triton config {name!r} in configs/tiling/norms_h200.yaml")
 
 
 def compile_ours(op: str, M: int, N: int, name: str, eps: float = EPS):
@@ -185,31 +184,18 @@ def compile_ours(op: str, M: int, N: int, name: str, eps: float = EPS):
 # ------------------------------------------------------------------------------------------------------------
 def sass_text(compiled) -> str:
     """``cuobjdump -sass`` of the kernel's own cubin (the cuobjdump beside the installed Triton's ptxas)."""
-    from triton.backends.nvidia.compiler import get_ptxas
+    from normfuse.codestats import cuobjdump
 
-    cuobjdump = Path(get_ptxas(90).path).parent / "cuobjdump"
-    if not cuobjdump.exists():
-        raise RuntimeError(f"no cuobjdump beside {get_ptxas(90).path}")
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        return subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
-                              check=True).stdout
+    return cuobjdump(compiled.asm["cubin"])
 
 
 def cubin_attributes(compiled) -> dict:
     """The ``EIATTR_*`` attributes of the kernel's cubin (``cuobjdump -elf``) as ``{name: value}``, the kernel's
     name replaced by ``KERNEL``; the per-parameter ``EIATTR_KPARAM_INFO`` entries are summarized as their count
     (``KPARAM_INFO``)."""
-    from triton.backends.nvidia.compiler import get_ptxas
+    from normfuse.codestats import cuobjdump, kernel_name
 
-    cuobjdump = Path(get_ptxas(90).path).parent / "cuobjdump"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        elf = subprocess.run([str(cuobjdump), "-elf", str(cubin)], capture_output=True, text=True, check=True).stdout
-    from normfuse.codestats import kernel_name
-
+    elf = cuobjdump(compiled.asm["cubin"], "-elf")
     elf = re.sub(r"KERNEL\(0x[0-9a-f]+\)", "KERNEL", elf.replace(kernel_name(compiled), "KERNEL"))
     attrs: dict = {}
     n_params = 0

@@ -21,9 +21,10 @@ def inputs(S, B, Hq, D, Hkv=None):
     return q, k, v, w, w
 
 
-def launch(cfg, norms=False, causal=True, shape=(1000, 2, 32), D=128):
-    """``(launches, constexpr kwargs)`` of ``K._prepare`` for ``cfg`` at ``shape`` = (S, B, Hq), without a GPU."""
-    q, k, v, qw, kw = T.compile_inputs(*shape, "bf16") if D == 128 else inputs(*shape, D)
+def launch(cfg, norms=False, causal=True, shape=(1000, 2, 32), D=128, Hkv=None):
+    """``(launches, constexpr kwargs)`` of ``K._prepare`` for ``cfg`` at ``shape`` = (S, B, Hq), without a GPU
+    (``T.compile_inputs``' Hkv = 8 at D = 128, else ``inputs``' Hkv)."""
+    q, k, v, qw, kw = T.compile_inputs(*shape, "bf16") if D == 128 else inputs(*shape, D, Hkv)
     _, launches, kwd, _ = K._prepare(q, k, v, qw if norms else None, kw if norms else None, None, causal, 1e-6, cfg,
                                      norms, need_cuda=False)
     return launches, kwd

@@ -62,13 +62,7 @@ def test_pipelined_configs_compile(name, op):
 @pytest.mark.parametrize("norms", [True, False])
 def test_pipelined_head_dim_64_compiles(norms):
     """D = 64 (the grid-slice GPU check's head dim): same pipeline, no spills."""
-    cfg = FA3["bn128-buf2-pipe-pingpong-lpt-mat"]
-    q, k, v = (torch.empty(2, h, 300, 64, dtype=torch.bfloat16) for h in (4, 2, 2))
-    w = torch.empty(64, dtype=torch.bfloat16)
-    _, launches, kwd, _ = K._prepare(q, k, v, w if norms else None, w if norms else None, None, True, 1e-6, cfg,
-                                     norms, need_cuda=False)
-    (args, grid), = launches
-    ptx = K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd).asm["ptx"]
+    ptx = C.ptx(FA3["bn128-buf2-pipe-pingpong-lpt-mat"], norms, True, shape=(300, 2, 4), D=64, Hkv=2)
     assert "wgmma.wait_group.sync.aligned 1;" in ptx and C.SS_WGMMA.findall(ptx)
     assert C.spills(ptx) == 0
 

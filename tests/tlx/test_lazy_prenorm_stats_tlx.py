@@ -40,7 +40,7 @@ SHAPES = [(262144, 1024, 1024), (1, 1000, 1000), (129, 264, 8), (17793, 1000, 10
 _COMPILE_SCRIPT = r"""
 import json, re, sys, torch
 from normfuse import compile_only
-from normfuse.codestats import ptxas_stats
+from normfuse.codestats import capture_compiled, ptxas_stats
 compile_only.install(90)
 from kernels_tlx import lazy_prenorm as K
 
@@ -49,8 +49,9 @@ out = {}
 for key, op, cfg, (M, N, Kd) in jobs:
     a = torch.empty(M, Kd, dtype=torch.bfloat16)
     b = torch.empty(Kd, N, dtype=torch.bfloat16)
-    s = K.compile_sm90(op, a, b, eps=1e-5, config=cfg)
-    compiled, _ = K._compile_ws(op, a, b, eps=1e-5, cfg=K.TilingConfig.from_dict(cfg))
+    with capture_compiled() as kernels:  # the kernel compile_sm90 summarized (one compile)
+        s = K.compile_sm90(op, a, b, eps=1e-5, config=cfg)
+    compiled, = kernels
     ptx = compiled.asm["ptx"]
     try:  # ptxas -v for sm_90a
         st = ptxas_stats(compiled)
