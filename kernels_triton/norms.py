@@ -576,8 +576,10 @@ def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
         mean = torch.empty(M, dtype=torch.float32, device=x.device) if op == "layer_norm" else None
     else:  # STATS=False: never written; dummy pointers
         rstd = mean = None
-    w = weight if weight is not None else x  # dummy pointer when absent (HAS_W=False: never read)
-    b = bias if bias is not None else x
+    # what the kernel never reads: None with LEAN_ARGS (a constexpr, no kernel parameter), else a dummy pointer
+    lean = p["LEAN_ARGS"]
+    w = weight if weight is not None else (None if lean else x)  # HAS_W=False: never read
+    b = bias if bias is not None else (None if lean else x)
     meta = dict(ALIGN=p["ALIGN"], BLOCK_N=p["BLOCK_N"], ROWS=p["ROWS"], LOOPED=p["LOOPED"],
                 HAS_W=weight is not None, PERSISTENT=p["PERSISTENT"], num_warps=p["num_warps"], num_stages=1)
     # options beyond the original kernel are passed only when they differ from the kernel's defaults, so the
@@ -595,13 +597,9 @@ def _prepare(op, x, weight, bias, eps, config, *, launch: bool):
         meta["EPS_C"] = eps  # > 0 (check_eps): 0.0 is the kernel's "runtime eps" sentinel
     if p["MAXNREG"] is not None:
         meta["maxnreg"] = p["MAXNREG"]  # Triton compile option (NVIDIA): .maxnreg in the PTX
-    lean = p["LEAN_ARGS"]  # None (a constexpr: no kernel parameter) for what the kernel never reads
     scalars = (M, N // p["ALIGN"], None if lean and p["CONST_EPS"] else eps,
                None if lean and not p["PERSISTENT"] else p["n_tiles"])
-    unused = None if lean else y  # otherwise a dummy pointer for an output the kernel never writes
-    if lean:
-        w = weight
-        b = bias
+    unused = None if lean else y  # an output the kernel never writes (STATS=False)
     rstd_arg = rstd if rstd is not None else unused
     if op == "rms_norm":
         kernel, args = _rms_norm_kernel, (x, w, y, rstd_arg, *scalars)
