@@ -30,7 +30,8 @@ _COMPILE_ONLY_INSTALLED = False
 
 
 def versions() -> dict:
-    """Versions of the packages that matter in this environment (absent ones are omitted)."""
+    """Versions of the packages that matter in this environment (absent ones are omitted), and the version and path
+    of the ptxas its Triton compiles with (``get_ptxas``: ``TRITON_PTXAS_PATH`` when set, else Triton's own)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": sys.version.split()[0]}
@@ -49,6 +50,13 @@ def versions() -> dict:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
             pass
+    try:  # the ptxas that compiles this environment's kernels (TRITON_PTXAS_PATH or Triton's bundled one)
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        tool = get_ptxas(90)
+        out["ptxas"] = f"{tool.version} ({tool.path})"
+    except Exception as e:  # noqa: BLE001
+        out["ptxas"] = f"unavailable ({type(e).__name__})"
     return out
 
 

@@ -97,3 +97,13 @@ def test_interrupted_sweep_writes_meta(repo_root, subprocess_env, tmp_path):
     meta = json.loads((tmp_path / "smoke" / "t" / "meta.json").read_text())
     assert meta.get("interrupted") and meta["invocations"][-1]["measured"] >= 1
     assert len(rows.read_text().splitlines()) >= 1
+
+
+def test_versions_record_the_ptxas_that_compiles():
+    """meta.json's versions name the ptxas Triton compiles with (TRITON_PTXAS_PATH or its own), version and path."""
+    import re
+
+    from normfuse.worker import versions
+
+    v = versions()["ptxas"]
+    assert re.fullmatch(r"\d+\.\d+ \(/.*ptxas\)", v), v

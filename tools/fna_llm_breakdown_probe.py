@@ -1,0 +1,90 @@
+"""Where the fused QK-norm attention's time goes at the fna_llm cells it loses: time paired
+(``normfuse.timing.bench_graph_interleaved``, 3 ms graphs like the runner's paired windows) the parts of each path
+separately. Fused (TLX, one ``LAZY_Q`` config): ``prepass`` (the K pre-pass kernel alone, ``_k_norm_kernel`` with γq
+folded), ``fused_attn`` (the attention kernel of the fused op alone, on a k_n written once before), ``fused``
+(both: ``qknorm_attention``); plain ``attn`` (the same config without norms). Unfused: ``norm_q`` / ``norm_k``
+(the torch.compile'd RMSNorm of the runner's baseline, for this one shape), ``sdpa`` (default dispatch),
+``sdpa_plus_norms`` (the runner's baseline). The fused op and the baseline are checked against the fp32
+reference first. GPU only:
+
+    python -m tools.fna_llm_breakdown_probe --out DIR [--config NAME] [--rounds 20]
+
+from the repository root, TLX environment on the path. Writes DIR/probe.json, prints a table (median µs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import yaml
+
+from kernels_tlx import fna_llm as K
+from normfuse import hardware, timing
+from normfuse.techniques import fna_llm as T
+
+CFGS = {c["name"]: {k: v for k, v in c.items() if k != "name"}
+        for c in yaml.safe_load(Path("configs/tiling/fna_llm_h200.yaml").read_text())["tlx"]}
+SHAPES = [(1024, 1, False), (2048, 1, False), (4096, 1, False), (4096, 8, True)]  # S, B, causal
+
+
+def parts(inp, causal: bool, cfg: dict) -> dict:
+    """Zero-argument callables of every part (see the module docstring)."""
+    q, k, v, qw, kw = inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"]
+    o, launches, kwc, pre = K._prepare(q, k, v, qw, kw, None, causal, 1e-6, cfg, True)
+    pre_kernel, pre_args, pre_grid, pre_kw = pre
+    pre_kernel[pre_grid](*pre_args, **pre_kw)  # k_n written once: fused_attn then reads it
+
+    def prepass():
+        pre_kernel[pre_grid](*pre_args, **pre_kw)
+
+    def fused_attn():
+        K._launch(launches, kwc, None)
+
+    D = q.shape[-1]
+    torch._dynamo.reset()
+    cnorm = torch.compile(lambda x, w: torch.nn.functional.rms_norm(x, (D,), w, 1e-6), dynamic=False)
+    return {"prepass": prepass, "fused_attn": fused_attn,
+            "fused": lambda: K.qknorm_attention(q, k, v, qw, kw, causal=causal, config=cfg),
+            "attn": lambda: K.attention(q, k, v, causal=causal, config=cfg),
+            "norm_q": lambda: cnorm(q, qw), "norm_k": lambda: cnorm(k, kw),
+            "sdpa": T.baseline("sdpa", inp, 1e-6, "causal" if causal else "noncausal"),
+            "sdpa_plus_norms": T.baseline("sdpa_plus_norms", inp, 1e-6, "causal" if causal else "noncausal")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--config", default="bn128-buf2-pipe-pingpong-persist-mat-lazyq")
+    ap.add_argument("--rounds", type=int, default=20)
+    args = ap.parse_args()
+    cfg = CFGS[args.config]
+    rows = []
+    for S, B, causal in SHAPES:
+        variant = "causal" if causal else "noncausal"
+        inp = T.make_inputs(S, B, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=S + B)
+        fns = parts(inp, causal, cfg)
+        for name in ("fused", "sdpa_plus_norms"):  # correct before timed
+            res = T.check("fused", fns[name](), inp, 1e-6, variant)
+            if not res["ok"]:
+                raise SystemExit(f"{name} failed its check at S={S} B={B} {variant}: {res}")
+        t = timing.bench_graph_interleaved(fns, rounds=args.rounds, graph_ms=3.0)
+        for name, s in t.items():
+            rows.append(dict(S=S, B=B, variant=variant, name=name, us=1e3 * statistics.median(s),
+                             samples=s))
+        print(f"done S={S} B={B} {variant}", flush=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "probe.json").write_text(json.dumps({"gpu": hardware.read_gpu(), "config": args.config,
+                                                          "rows": rows}, indent=1, default=str))
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    print(f"{'cell':22s}" + "".join(f"{n:>16s}" for n in names) + "   (median µs)")
+    for S, B, causal in SHAPES:
+        v = "causal" if causal else "noncausal"
+        us = {r["name"]: r["us"] for r in rows if (r["S"], r["B"], r["variant"]) == (S, B, v)}
+        print(f"{v:9s} S={S:5d} B={B:<2d}  " + "".join(f"{us[n]:16.2f}" for n in names))
+
+
+if __name__ == "__main__":
+    main()
