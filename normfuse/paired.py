@@ -1,15 +1,17 @@
 r"""Paired, interleaved timing: per-round derived metrics, bootstrap intervals, replicate merging and verdicts.
 
 The runner's paired stage times, per *window* (one shape group of one replicate), every participant of the shape
-(the torch baselines and, per DSL, the best config of each DSL impl) once per *round*, in a rotated order, for
-many rounds; all participants of a round see the same GPU state (clock, temperature). A derived metric is a ratio
-of times, so computing it **within** a round cancels the state common to the round, and its spread over rounds is
-far smaller than the spread of unpaired medians taken minutes apart.
+(the torch baselines and, per DSL, the best config of each DSL impl) once per *round*, in a seeded random order
+(``timing.paired.order``: ``shuffled``; the runs before it used one cyclic order, ``rotated``), for many rounds;
+all participants of a round see the same GPU state (clock, temperature). A derived metric is a ratio of times, so
+computing it **within** a round cancels the state common to the round, and its spread over rounds is far smaller
+than the spread of unpaired medians taken minutes apart.
 
 Files of a run folder (written by the runner, read here)::
 
     paired_rounds.jsonl   one line per (window, round, participant):
-                          technique, variant, M, N, K, dtype, replicate, window, round, dsl, impl, config_name, ms
+                          technique, variant, M, N, K, dtype, replicate, window, round, dsl, impl, config_name, ms,
+                          position (the place in the round's order; absent in runs before the shuffled order)
     paired_windows.jsonl  one line per window: ..., n_rounds, participants, seconds, gpu_uuid and the NVML samples
                           taken during the window: sm_clock_mhz_, temperature_c_, power_w_ {min, median, max}
 

@@ -92,7 +92,8 @@ def test_paired_window_times_baselines_and_best_configs_in_rotated_rounds(tmp_pa
     assert who == ["torch/cublas/-", "torch/torch_compile_norm/-", "triton/fused/a", "triton/gemm/a"]  # best only
     assert len(rounds) == 12 * 4 and windows[0]["n_rounds"] == 12 and "12 rounds x 4" in msg
     firsts = [r["dsl"] + r["impl"] for r in rounds[::4]]
-    assert len(set(firsts[:4])) == 4  # rotated: every participant leads some round
+    assert len(set(firsts)) == 4  # shuffled: every participant leads some round
+    assert [r["position"] for r in rounds[:8]] == [0, 1, 2, 3] * 2  # each row records its place in the round
     # all prepares happen before the first replay (every participant checked first), and they are released after
     assert pool.log.index("replay") > max(i for i, op in enumerate(pool.log) if op == "prepare")
     assert pool.log[-1] == "release"
@@ -219,3 +220,30 @@ def test_worker_shares_one_input_set_across_a_windows_participants():
     _, c, _ = worker._build_checked({**req, "impl": "cublas", "seed": 8})
     assert c["a"].data_ptr() != a["a"].data_ptr()  # another window: new inputs
     worker._SHARED_INPUTS.clear()
+
+
+def test_round_order_shuffled_spreads_the_place_after_another_process():
+    """The paired order (results/norms_inductor_aa): with ``rotated`` the participant after the last one of the list
+    is the first of the list, so whatever follows another worker process's block is nearly always the same one;
+    ``shuffled`` draws a seeded permutation per round: every participant follows the block, the orders are
+    reproducible from the seed, and an unknown order is a ValueError."""
+    import random
+    from collections import Counter
+
+    ready = ["torch", "tri_a", "tri_b", "tlx_a", "tlx_b"]
+
+    def after_tlx(order, rounds=300, seed=1):  # share of the switches from TLX to upstream each participant gets
+        rng, seq = random.Random(seed), []
+        for r in range(rounds):
+            seq += sweep.round_order(ready, r, order, rng)
+        got = Counter(b for a, b in zip(seq, seq[1:]) if a.startswith("tlx") and not b.startswith("tlx"))
+        return {k: v / sum(got.values()) for k, v in got.items()}
+
+    assert after_tlx("rotated")["torch"] >= 0.75  # all but the round boundaries
+    shares = after_tlx("shuffled")
+    assert set(shares) == {"torch", "tri_a", "tri_b"} and max(shares.values()) < 0.45
+    rng1, rng2 = random.Random(7), random.Random(7)
+    assert [sweep.round_order(ready, r, "shuffled", rng1) for r in range(5)] == \
+        [sweep.round_order(ready, r, "shuffled", rng2) for r in range(5)]
+    with pytest.raises(ValueError, match="timing.paired.order"):
+        sweep.round_order(ready, 0, "random", random.Random(0))
