@@ -126,3 +126,19 @@ def test_markdown_lists_systematic(tmp_path):
     md = ob.markdown(*ob.analyse(tmp_path))
     assert "python -m tools.order_bias --write" in md
     assert "`torch/torch_compile_norm/-` -1.00" in md
+
+
+def test_systematic_is_judged_per_window(tmp_path):
+    """The first TLX entry of the list can differ between windows (another shape, another best config): a
+    participant that follows the other process in every round of one window is systematic there even when its
+    share over all its windows stays below the threshold."""
+    other = [PARTS[0], PARTS[1], PARTS[2], PARTS[3], PARTS[5], PARTS[4]]  # window 1: tlx "e" listed first
+    rows = sequence_rows(rotated(PARTS, 30)) + sequence_rows(rotated(other, 30), window=1)
+    write(tmp_path / "norms_x" / "run" / "paired_rounds.jsonl", rows)
+    _, parts, _ = ob.analyse(tmp_path)
+    t = by_participant(parts, "norms_x/run")
+    for who in ("tlx/norm/d", "tlx/norm/e"):
+        assert t.loc[who, "share_after"] < ob.SYSTEMATIC  # about half over both windows
+        assert t.loc[who, "systematic_windows"] == 1 and t.loc[who, "systematic"]
+    assert t.loc["torch/torch_compile_norm/-", "systematic_windows"] == 2
+    assert not t.loc["triton/norm/a", "systematic"]

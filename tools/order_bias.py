@@ -119,8 +119,11 @@ def hidden_shift(ws: pd.DataFrame, effects: dict) -> pd.Series:
             if norm.empty or gemm.empty:
                 continue
             h = lambda c, fc: (gemm[c].min() + norm[c].iloc[0] - fc) / norm[c].iloc[0]  # noqa: E731
-            out.setdefault(f.participant, []).append(100 * (h("ms", f.ms) - h("true", f.true)))
-    return pd.Series({k: float(np.median(v)) for k, v in out.items()}, name="hidden_shift_pts", dtype=float)
+            out.setdefault(f.participant, []).append((f.share_after >= SYSTEMATIC,
+                                                      100 * (h("ms", f.ms) - h("true", f.true))))
+    # a participant's systematic windows when it has any (the first TLX entry can differ from shape to shape)
+    pick = {k: [x for flag, x in v if flag] or [x for _, x in v] for k, v in out.items()}
+    return pd.Series({k: float(np.median(v)) for k, v in pick.items()}, name="hidden_shift_pts", dtype=float)
 
 
 def shape_effects(df: pd.DataFrame, ws: pd.DataFrame) -> pd.DataFrame:
@@ -150,22 +153,29 @@ def run_summary(df: pd.DataFrame, ws: pd.DataFrame) -> dict:
 
 
 def participant_table(df: pd.DataFrame, ws: pd.DataFrame) -> pd.DataFrame:
-    """Per participant of one run: samples, windows, ``share_after``, median ``rel`` after / otherwise,
-    ``systematic`` (share >= SYSTEMATIC); ``bias_pct`` = median over windows of (ms / ms_other - 1) * 100 (direct;
-    NaN where no window sampled it outside a switch), its min / max over windows; ``bias_est_pct`` =
-    share_after * the run's switch effect of its process (%; defined for every participant);
-    ``hidden_shift_pts`` (``hidden_shift``) for fused participants where easy."""
+    """Per participant of one run: samples, windows, ``share_after`` (over all its samples), median ``rel`` after /
+    otherwise, ``systematic_windows`` (windows where its share was >= SYSTEMATIC: the first TLX entry of the list
+    can differ from shape to shape), ``systematic`` (any such window); over its systematic windows when it has any,
+    else over all: ``bias_pct`` = median of (ms / ms_other - 1) * 100 (direct; NaN where no window sampled it
+    outside a switch) and its min / max, ``bias_est_pct`` = median of the window's share_after * the run's switch
+    effect of its process (%), ``hidden_shift_pts`` (``hidden_shift``) for fused participants where easy."""
     d = df[df["prev_process"].notna()]
     t = d.groupby("participant").agg(process=("process", "first"), samples=("ms", "size"),
                                      share_after=("after_switch", "mean"))
     t["windows"] = ws.groupby("participant").size()
     t["rel_after"] = d[d["after_switch"]].groupby("participant")["rel"].median()
     t["rel_other"] = d[~d["after_switch"]].groupby("participant")["rel"].median()
-    b = (ws["ms"] / ws["ms_other"] - 1.0) * 100
-    t = t.join(b.groupby(ws["participant"]).agg(bias_pct="median", bias_pct_min="min", bias_pct_max="max"))
-    t["bias_est_pct"] = 100 * t["share_after"] * t["process"].map(switch_effects(ws))
-    t = t.join(hidden_shift(ws, switch_effects(ws)))
-    t["systematic"] = t["share_after"] >= SYSTEMATIC
+    eff = switch_effects(ws)
+    w = ws.assign(sys_window=ws["share_after"] >= SYSTEMATIC,
+                  direct=(ws["ms"] / ws["ms_other"] - 1.0) * 100,
+                  est=100 * ws["share_after"] * ws["process"].map(eff))
+    t["systematic_windows"] = w.groupby("participant")["sys_window"].sum().astype(int)
+    t["systematic"] = t["systematic_windows"] > 0
+    # the bias over a participant's systematic windows when it has any, else over all its windows
+    w = w[w["sys_window"] | ~w["participant"].map(t["systematic"])]
+    t = t.join(w.groupby("participant")["direct"].agg(bias_pct="median", bias_pct_min="min", bias_pct_max="max"))
+    t["bias_est_pct"] = w.groupby("participant")["est"].median()
+    t = t.join(hidden_shift(ws, eff))
     return t.reset_index()
 
 
@@ -208,7 +218,8 @@ def markdown(runs: pd.DataFrame, parts: pd.DataFrame, shapes: pd.DataFrame | Non
         "median in its window. *Effect* (per process) = median over participant-windows that sampled both kinds of "
         "(median after switch / median otherwise − 1); in `rotated` runs these are the few round-boundary switches "
         "of otherwise unswitched participants. A participant is *systematic* when ≥ "
-        f"{SYSTEMATIC:.0%} of its samples were after a switch. Its bias: *direct* = median over windows of (median "
+        f"{SYSTEMATIC:.0%} of its samples were after a switch in at least one window (its *systematic windows*; "
+        "the bias columns then cover those windows only). Its bias: *direct* = median over windows of (median "
         "of all its samples / median of its samples not after a switch − 1), undefined when every sample was after "
         "a switch (all systematic participants of `rotated` runs); *est.* = share × the run's effect for its "
         "process. Negative = read fast. Δhidden = first-order shift of `hidden_dsl` (points) of a fused "
@@ -228,10 +239,10 @@ def markdown(runs: pd.DataFrame, parts: pd.DataFrame, shapes: pd.DataFrame | Non
                      f"{_f(r.tlx_rel_after)} / {_f(r.tlx_rel_other)} | {_f(r.tlx_effect_pct, '{:+.2f}')} | "
                      f"{sys_txt or 'none'} |")
     lines += ["", "## Systematic participants", "",
-              "| run | participant | share after switch | windows | bias direct % [min, max] | bias est. % |"
-              " Δhidden pts |", "|---|---|---|---|---|---|---|"]
+              "| run | participant | share after switch (all windows) | systematic windows / windows |"
+              " bias direct % [min, max] | bias est. % | Δhidden pts |", "|---|---|---|---|---|---|---|"]
     for p in parts[parts["systematic"]].itertuples():
-        lines.append(f"| {p.run} | `{p.participant}` | {p.share_after:.2f} | {p.windows} | "
+        lines.append(f"| {p.run} | `{p.participant}` | {p.share_after:.2f} | {p.systematic_windows} / {p.windows} | "
                      f"{_f(p.bias_pct, '{:+.2f}')} [{_f(p.bias_pct_min, '{:+.1f}')}, {_f(p.bias_pct_max, '{:+.1f}')}] | "
                      f"{_f(p.bias_est_pct, '{:+.2f}')} | {_f(p.hidden_shift_pts, '{:+.2f}')} |")
     big = shapes[shapes["effect_pct"].abs() >= 2] if shapes is not None else shapes
