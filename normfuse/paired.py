@@ -11,7 +11,8 @@ Files of a run folder (written by the runner, read here)::
 
     paired_rounds.jsonl   one line per (window, round, participant):
                           technique, variant, M, N, K, dtype, replicate, window, round, dsl, impl, config_name, ms,
-                          position (the place in the round's order; absent in runs before the shuffled order)
+                          position (the place in the round's order), settled (replayed once untimed first: the
+                          previous replay ran in another worker); both absent in runs before the shuffled order
     paired_windows.jsonl  one line per window: ..., n_rounds, participants, seconds, gpu_uuid and the NVML samples
                           taken during the window: sm_clock_mhz_, temperature_c_, power_w_ {min, median, max}
 

@@ -555,7 +555,7 @@ def _measure(pool: Pool, p: dict, cfg: dict, nonce: str, inject: dict, on_wait=N
 # order: "shuffled" = a fresh seeded permutation of the participants every round; "rotated" = the same cyclic order
 # started one position later every round (the order of every run before this option: with participants in two worker
 # processes, the first participant of the list came right after the other process's block in all rounds but the
-# boundary ones, and read 1-1.6 % faster than in a one-process window: results/norms_inductor_aa/)
+# boundary ones, and read 0.7-1.8 % faster than in a one-process window: results/norms_inductor_aa/)
 # settle: after a replay in another worker process, the participant is replayed once untimed before its sample
 PAIRED_DEFAULTS = {"rounds": 0, "min_rounds": 15, "candidates": 1, "graph_ms": 3.0, "max_window_s": 60.0, "only": False,
                    "order": "shuffled", "settle": True}
