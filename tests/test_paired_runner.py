@@ -289,3 +289,12 @@ def test_settle_replay_absorbs_the_first_replay_after_a_worker_switch(tmp_path):
     _, rounds, by_round = window(tmp_path / "raw", settle=False)
     assert not any(r["settled"] for r in rounds)
     assert any(max(v) / min(v) > 1.05 for v in by_round.values())  # the short first replays are recorded
+
+
+def test_timing_note_names_the_order_and_settle():
+    """The run's summary says which round order and settle it used (runs before them: rotated, settle off)."""
+    note = sweep._timing_note({"timing": {"method": "cudagraph_flush"}}, "gpu", {"rounds": 60})
+    assert "order shuffled, settle on" in note
+    note = sweep._timing_note({"timing": {"method": "cudagraph_flush"}}, "gpu",
+                              {"rounds": 60, "order": "rotated", "settle": False})
+    assert "order rotated, settle off" in note
