@@ -491,8 +491,8 @@ def _timing_note(cfg: dict, run_mode: str, paired_cfg: dict) -> str:
     if int(paired_cfg.get("rounds") or 0) > 0:
         note += (f"; paired windows: per shape, the baselines and each DSL's best {paired_cfg.get('candidates', 1)} "
                  f"config(s) per impl sampled in up to {paired_cfg['rounds']} alternating rounds (CUDA-graph pairs, "
-                 f"cold L2; order {paired_cfg.get('order', PAIRED_DEFAULTS['order'])}, settle "
-                 f"{'on' if paired_cfg.get('settle', PAIRED_DEFAULTS['settle']) else 'off'}), metrics per round, median "
+                 f"cold L2; order {paired_cfg.get('order', 'rotated')}, settle "  # absent: a run from before them
+                 f"{'on' if paired_cfg.get('settle', False) else 'off'}), metrics per round, median "
                  f"with a 95 % bootstrap interval (paired.parquet)")
     return note
 
