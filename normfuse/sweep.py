@@ -322,8 +322,7 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
     retry = tuple(cfg.get("retry_statuses") or ())
     done = store.done_keys(retry_statuses=retry) if cfg.get("resume", True) else set()
     paired_cfg = dict((cfg.get("timing") or {}).get("paired") or {})
-    if paired_cfg.get("order", PAIRED_DEFAULTS["order"]) not in PAIRED_ORDERS:
-        raise ValueError(f"timing.paired.order must be one of {PAIRED_ORDERS}, got {paired_cfg['order']!r}")
+    _check_order(paired_cfg.get("order", PAIRED_DEFAULTS["order"]))  # a misspelt order stops the run here
     paired_on = run_mode == "gpu" and int(paired_cfg.get("rounds") or 0) > 0
     # paired.only: no per-config sweep timing; every point of a window is checked and timed in its rounds
     todo = [] if paired_on and paired_cfg.get("only") else \
@@ -488,12 +487,12 @@ def _timing_note(cfg: dict, run_mode: str, paired_cfg: dict) -> str:
     if run_mode != "gpu":
         return "CPU mode: correctness only, no timings"
     note = f"p50 of normfuse.timing.bench, method {cfg['timing']['method']}"
+    pc = {**PAIRED_DEFAULTS, **paired_cfg}  # what the windows run with (_paired_window)
     if int(paired_cfg.get("rounds") or 0) > 0:
         note += (f"; paired windows: per shape, the baselines and each DSL's best {paired_cfg.get('candidates', 1)} "
                  f"config(s) per impl sampled in up to {paired_cfg['rounds']} alternating rounds (CUDA-graph pairs, "
-                 f"cold L2; order {paired_cfg.get('order', 'rotated')}, settle "  # absent: a run from before them
-                 f"{'on' if paired_cfg.get('settle', False) else 'off'}), metrics per round, median "
-                 f"with a 95 % bootstrap interval (paired.parquet)")
+                 f"cold L2; order {pc['order']}, settle {'on' if pc['settle'] else 'off'}), metrics per round, "
+                 f"median with a 95 % bootstrap interval (paired.parquet)")
     return note
 
 
@@ -568,11 +567,15 @@ def round_order(ready: list, r: int, order: str, rng: random.Random) -> list:
     """The participants of round ``r`` in the order they are replayed: ``"shuffled"`` a permutation drawn from
     ``rng`` (seeded per window, so a rerun replays the same orders), ``"rotated"`` ``ready`` started at position
     ``r mod len(ready)``. ValueError for another ``order``."""
+    _check_order(order)
     if order == "shuffled":
         return rng.sample(ready, len(ready))
-    if order == "rotated":
-        return ready[r % len(ready):] + ready[:r % len(ready)]
-    raise ValueError(f"timing.paired.order must be one of {PAIRED_ORDERS}, got {order!r}")
+    return ready[r % len(ready):] + ready[:r % len(ready)]
+
+
+def _check_order(order: str) -> None:
+    if order not in PAIRED_ORDERS:
+        raise ValueError(f"timing.paired.order must be one of {PAIRED_ORDERS}, got {order!r}")
 
 
 def _windows_done(run_dir: Path) -> set:

@@ -292,12 +292,12 @@ def test_settle_replay_absorbs_the_first_replay_after_a_worker_switch(tmp_path):
 
 
 def test_timing_note_names_the_order_and_settle():
-    """The run's summary says which round order and settle it used; a config without the keys is a run from before
-    them (rotated, settle off: a report regenerated from its meta.json must not call it shuffled)."""
+    """The run's summary says which round order and settle its windows used; a config without the keys gets the
+    windows' defaults (``PAIRED_DEFAULTS``: shuffled, settle on), the note the same."""
     note = sweep._timing_note({"timing": {"method": "cudagraph_flush"}}, "gpu",
                               {"rounds": 60, "order": "shuffled", "settle": True})
     assert "order shuffled, settle on" in note
-    assert "order rotated, settle off" in sweep._timing_note({"timing": {"method": "x"}}, "gpu", {"rounds": 60})
+    assert "order shuffled, settle on" in sweep._timing_note({"timing": {"method": "x"}}, "gpu", {"rounds": 60})
     note = sweep._timing_note({"timing": {"method": "cudagraph_flush"}}, "gpu",
                               {"rounds": 60, "order": "rotated", "settle": False})
     assert "order rotated, settle off" in note
