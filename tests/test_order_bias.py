@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from normfuse import sweep
 from tools import order_bias as ob
 
 SHAPE = {"technique": "norms", "variant": "rmsnorm", "M": 4096, "N": 512, "K": None, "dtype": "bf16"}
@@ -37,7 +38,7 @@ def sequence_rows(orders, window=0, replicate=0, effect=-0.01, with_position=Fal
 
 
 def rotated(parts, rounds):
-    return [parts[r % len(parts):] + parts[:r % len(parts)] for r in range(rounds)]
+    return [sweep.round_order(parts, r, "rotated", None) for r in range(rounds)]
 
 
 def write(path, rows, gz=False):

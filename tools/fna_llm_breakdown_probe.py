@@ -20,14 +20,13 @@ import statistics
 from pathlib import Path
 
 import torch
-import yaml
 
 from kernels_tlx import fna_llm as K
 from normfuse import hardware, timing
+from normfuse.gpu_checks import shipped_configs
 from normfuse.techniques import fna_llm as T
 
-CFGS = {c["name"]: {k: v for k, v in c.items() if k != "name"}
-        for c in yaml.safe_load(Path("configs/tiling/fna_llm_h200.yaml").read_text())["tlx"]}
+CFGS = {c["name"]: {k: v for k, v in c.items() if k != "name"} for c in shipped_configs("tlx", "fna_llm")}
 SHAPES = [(1024, 1, False), (2048, 1, False), (4096, 1, False), (4096, 8, True)]  # S, B, causal
 
 

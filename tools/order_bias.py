@@ -28,9 +28,20 @@ import pandas as pd
 from normfuse.paired import read_rounds, rounds_path
 
 SYSTEMATIC = 0.75  # share of after-switch samples from which a participant's time counts as biased
+REPO = Path(__file__).resolve().parents[1]
 OUT_DIR = Path("results/harness_order_bias")
 WIN = ["part", "replicate", "window"]  # one window: the rep folder, the replicate and the runner's window number
 WHO = ["dsl", "impl", "config_name"]
+
+
+def worker_envs() -> dict:
+    """dsl -> the worker environment (process) it runs in: ``env`` of configs/dsl/<dsl>.yaml, and the torch
+    baselines' ``baseline_env`` of configs/config.yaml (today: tlx -> "tlx", everything else -> "upstream")."""
+    import yaml
+
+    envs = {p.stem: yaml.safe_load(p.read_text())["env"] for p in (REPO / "configs" / "dsl").glob("*.yaml")}
+    envs["torch"] = yaml.safe_load((REPO / "configs" / "config.yaml").read_text())["baseline_env"]
+    return envs
 
 
 def find_runs(root: Path) -> dict[Path, list[Path]]:
@@ -51,7 +62,7 @@ def label(df: pd.DataFrame) -> pd.DataFrame:
     window median). Windows whose samples all ran in one process are dropped."""
     df = df.copy()
     df["file_order"] = np.arange(len(df))
-    df["process"] = np.where(df["dsl"] == "tlx", "tlx", "upstream")
+    df["process"] = df["dsl"].map(worker_envs())
     pos = df["position"] if "position" in df else pd.Series(np.nan, index=df.index)
     df["slot"] = pos.fillna(df.groupby([*WIN, "round"]).cumcount()).astype(float)
     df = df.sort_values([*WIN, "round", "slot", "file_order"]).reset_index(drop=True)
