@@ -10,7 +10,8 @@ against the fp32 reference first. GPU only:
 
     python -m tools.fna_llm_breakdown_probe --out DIR [--config NAME] [--rounds 20]
 
-from the repository root, TLX environment on the path. Writes DIR/probe.json, prints a table (median µs)."""
+from the repository root, TLX environment on the path. Writes DIR/probe.json (every sample) and DIR/meta.json (commit,
+versions, GPU, config), prints a table (median µs)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 from kernels_tlx import fna_llm as K
 from normfuse import hardware, timing
 from normfuse.gpu_checks import shipped_configs
+from normfuse.worker import versions
 from normfuse.techniques import fna_llm as T
 
 CFGS = {c["name"]: {k: v for k, v in c.items() if k != "name"} for c in shipped_configs("tlx", "fna_llm")}
@@ -73,9 +75,16 @@ def main():
             rows.append(dict(S=S, B=B, variant=variant, name=name, us=1e3 * statistics.median(s),
                              samples=s))
         print(f"done S={S} B={B} {variant}", flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "probe.json").write_text(json.dumps({"gpu": hardware.read_gpu(), "config": args.config,
-                                                          "rows": rows}, indent=1, default=str))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = hardware.read_gpu()
+    (out / "probe.json").write_text(json.dumps({"gpu": gpu, "config": args.config, "rows": rows}, indent=1,
+                                               default=str))
+    from normfuse.sweep import git_info  # pandas: the GPU host's python has it, the CPU TLX venv not
+
+    meta = {"tool": "tools.fna_llm_breakdown_probe", "argv": vars(args), **git_info(), "versions": versions(),
+            "gpu": gpu, "config": cfg, "shapes": SHAPES, "checked": "fused and attn against the fp32 reference"}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
     names = list(dict.fromkeys(r["name"] for r in rows))
     print(f"{'cell':22s}" + "".join(f"{n:>16s}" for n in names) + "   (median µs)")
     for S, B, causal in SHAPES:
