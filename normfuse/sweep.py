@@ -194,6 +194,10 @@ def run(cfg: dict) -> Path:
         if not torch.cuda.is_available():
             raise ValueError("mode=gpu but no CUDA device is visible (use mode=auto or mode=cpu)")
     points = expand_points(cfg, run_mode)  # validates the config before anything is written
+    paired = {**PAIRED_DEFAULTS, **((cfg.get("timing") or {}).get("paired") or {})}
+    _check_order(paired["order"])  # a misspelt order or settle stops here, before any run folder exists
+    if not isinstance(paired["settle"], bool):
+        raise ValueError(f"timing.paired.settle must be true or false, got {paired['settle']!r}")
     reps, rep = int(cfg.get("replicates") or 1), cfg.get("replicate")
     if reps < 1 or (rep is not None and (isinstance(rep, bool) or not isinstance(rep, int) or rep < 0)):
         raise ValueError(f"replicates must be >= 1 and replicate a non-negative integer or null, got {reps!r}, {rep!r}")
@@ -320,9 +324,8 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
     nonce = f"{time.time_ns()}"
     git = git_info()
     retry = tuple(cfg.get("retry_statuses") or ())
-    done = store.done_keys(retry_statuses=retry) if cfg.get("resume", True) else set()
     paired_cfg = dict((cfg.get("timing") or {}).get("paired") or {})
-    _check_order(paired_cfg.get("order", PAIRED_DEFAULTS["order"]))  # a misspelt order stops the run here
+    done = store.done_keys(retry_statuses=retry) if cfg.get("resume", True) else set()
     paired_on = run_mode == "gpu" and int(paired_cfg.get("rounds") or 0) > 0
     # paired.only: no per-config sweep timing; every point of a window is checked and timed in its rounds
     todo = [] if paired_on and paired_cfg.get("only") else \

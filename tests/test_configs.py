@@ -79,3 +79,14 @@ def test_bad_values_stop_the_sweep_before_it_starts(override, message):
     cfg = _compose("experiment=smoke", override)
     with pytest.raises(ValueError, match=message):
         sweep.expand_points(cfg, "cpu")
+
+
+@pytest.mark.parametrize("override, message", [("timing.paired.order=random", "timing.paired.order"),
+                                               ("timing.paired.settle=no", "timing.paired.settle")])
+def test_bad_paired_order_or_settle_stops_before_a_run_folder(tmp_path, override, message):
+    """A misspelt round order or a non-bool settle is a ValueError naming the key, raised before the run folder
+    exists (no empty results/<experiment>/<run_id>/ left behind)."""
+    cfg = _compose("experiment=smoke", override, f"results_dir={tmp_path}", "run_id=t", "mode=cpu")
+    with pytest.raises(ValueError, match=message):
+        sweep.run(cfg)
+    assert not (tmp_path / cfg["experiment_name"]).exists()
