@@ -55,10 +55,11 @@ def parts(inp, causal: bool, cfg: dict) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--config", default="bn128-buf2-pipe-pingpong-persist-mat-lazyq")
-    ap.add_argument("--rounds", type=int, default=20)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for probe.json and meta.json")
+    ap.add_argument("--config", default="bn128-buf2-pipe-pingpong-persist-mat-lazyq",
+                    help="a TLX entry of configs/tiling/fna_llm_h200.yaml")
+    ap.add_argument("--rounds", type=int, default=20, help="paired rounds per cell")
     args = ap.parse_args()
     cfg = CFGS[args.config]
     rows = []
