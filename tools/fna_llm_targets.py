@@ -1,0 +1,122 @@
+"""Issue 13's three fna_llm targets, per cell, from a replicated paired run of the QK-norm attention grid.
+
+Reads ``<run>/paired_replicates.parquet`` (``normfuse.report.write_replicates``: one row per cell, dsl, impl and
+metric, the best config per DSL with the pooled median and 95 % bootstrap interval) and prints, per cell
+(variant, S = M, B = N), for the best TLX entries:
+- ``attention % of fastest SDPA`` (impl ``attention``, metric ``sdpa_fraction``; target >= 100 %),
+- ``fused % of fastest SDPA`` (impl ``fused``, ``sdpa_fraction``; target >= 95 %),
+- ``fused x (SDPA + norms)`` (impl ``fused``, ``speedup_vs_unfused`` = T(SDPA + compiled norms) / T(fused);
+  target > 1),
+- the fused config(s) chosen, and TFLOP/s of the fastest SDPA backend (faster of ``sdpa`` and ``sdpa_cudnn``), the
+  attention and the fused kernel (pooled medians).
+A target is *met* when the whole pooled interval is at or above it (``normfuse.paired.verdict``), *missed* when all
+of it is below, else *not resolved*; bold marks met. ``--compare OTHER`` adds the medians of a second run.
+
+    .venv/bin/python -m tools.fna_llm_targets results/fna_llm_lazyq/20261202_h200 [--compare results/fna_llm_lazyq/20261201_h200]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from normfuse.paired import verdict
+
+TARGETS = {  # column -> (impl, metric, target, scale for display)
+    "attention % of fastest SDPA": ("attention", "sdpa_fraction", 1.00, 100.0),
+    "fused % of fastest SDPA": ("fused", "sdpa_fraction", 0.95, 100.0),
+    "fused × (SDPA + norms)": ("fused", "speedup_vs_unfused", 1.0 + 1e-12, 1.0),
+}
+CELL = ["variant", "M", "N"]
+
+
+def load(run_dir: Path, dsl: str = "tlx") -> pd.DataFrame:
+    """The fna_llm rows of ``run_dir/paired_replicates.parquet`` for ``dsl`` and the torch SDPA baselines.
+    Raises FileNotFoundError without that file, ValueError when it holds no fna_llm rows."""
+    path = Path(run_dir) / "paired_replicates.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not a replicated paired run (write it with experiments.report)")
+    d = pd.read_parquet(path)
+    d = d[(d["technique"] == "fna_llm") & d["dsl"].isin([dsl, "torch"])]
+    if d.empty:
+        raise ValueError(f"{path}: no fna_llm rows for dsl={dsl!r}")
+    return d
+
+
+def targets(d: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: for each target column its pooled ``median``, ``ci_lo``, ``ci_hi`` and ``verdict``, the
+    fused ``configs`` and ``tflops_sdpa`` / ``tflops_attention`` / ``tflops_fused`` (TFLOP/s, pooled medians)."""
+    rows = []
+    for (variant, S, B), g in d.groupby(CELL, sort=True):
+        def one(impl, metric):
+            r = g[(g["impl"] == impl) & (g["metric"] == metric)]
+            return r.iloc[0] if len(r) else None
+        row = {"variant": variant, "S": int(S), "B": int(B)}
+        for col, (impl, metric, tgt, _) in TARGETS.items():
+            r = one(impl, metric)
+            if r is None:
+                row.update({f"{col}|median": float("nan"), f"{col}|ci_lo": float("nan"),
+                            f"{col}|ci_hi": float("nan"), f"{col}|verdict": "not resolved"})
+                continue
+            row.update({f"{col}|median": r["median"], f"{col}|ci_lo": r["ci_lo"], f"{col}|ci_hi": r["ci_hi"],
+                        f"{col}|verdict": verdict(r["ci_lo"], r["ci_hi"], tgt)})
+        sp = one("fused", "speedup_vs_unfused")
+        row["configs"] = ", ".join(sorted(set(sp["configs"]))) if sp is not None else ""
+        sdpa = [one(i, "tflops") for i in ("sdpa", "sdpa_cudnn")]
+        row["tflops_sdpa"] = max((r["median"] for r in sdpa if r is not None), default=float("nan"))
+        for impl in ("attention", "fused"):
+            r = one(impl, "tflops")
+            row[f"tflops_{impl}"] = r["median"] if r is not None else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def counts(t: pd.DataFrame) -> dict:
+    """target column -> {"met": n, "missed": n, "not resolved": n}."""
+    return {col: {v: int((t[f"{col}|verdict"] == v).sum()) for v in ("met", "missed", "not resolved")}
+            for col in TARGETS}
+
+
+def markdown(t: pd.DataFrame, other: pd.DataFrame | None = None) -> str:
+    """The per-cell table (bold: met) and the tally; with ``other``, each cell's median there in parentheses."""
+    def cell(r, col, o):
+        scale = TARGETS[col][3]
+        nd = 1 if scale == 100.0 else 3
+        s = f"{r[col + '|median'] * scale:.{nd}f} [{r[col + '|ci_lo'] * scale:.{nd}f}, {r[col + '|ci_hi'] * scale:.{nd}f}]"
+        if r[f"{col}|verdict"] == "met":
+            s = f"**{s}**"
+        if o is not None:
+            s += f" ({o[col + '|median'] * scale:.{nd}f})"
+        return s
+    idx = other.set_index(["variant", "S", "B"]) if other is not None else None
+    head = ["variant, S, B", *TARGETS, "best fused config", "TFLOP/s: fastest SDPA / attention / fused"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in t.iterrows():
+        o = idx.loc[(r["variant"], r["S"], r["B"])] if idx is not None and (r["variant"], r["S"], r["B"]) in idx.index else None
+        name = f"{'non-causal' if r['variant'] == 'noncausal' else r['variant']}, {r['S']}, {r['B']}"
+        tf = f"{r['tflops_sdpa']:.0f} / {r['tflops_attention']:.0f} / {r['tflops_fused']:.0f}"
+        lines.append("| " + " | ".join([name, *(cell(r, c, o) for c in TARGETS), r["configs"], tf]) + " |")
+    lines.append("")
+    for col, c in counts(t).items():
+        lines.append(f"- {col}: met {c['met']}, missed {c['missed']}, not resolved {c['not resolved']} of {len(t)}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="a replicated fna_llm run folder (holds paired_replicates.parquet)")
+    ap.add_argument("--compare", type=Path, default=None, help="a second run: its medians in parentheses")
+    ap.add_argument("--dsl", default="tlx", help="the DSL whose best entries are judged (default tlx)")
+    a = ap.parse_args(argv)
+    try:
+        t = targets(load(a.run, a.dsl))
+        o = targets(load(a.compare, a.dsl)) if a.compare else None
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
+    print(markdown(t, o))
+
+
+if __name__ == "__main__":
+    main()
