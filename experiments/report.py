@@ -16,6 +16,9 @@
                                                            older runs: each run's best primary metric and the p50
                                                            spread). Prints; --out FILE.md or DIR writes the report
                                                            there, --write writes replicates.md next to the first run
+    python -m experiments.report RUN --resolution 0.005    verdicts of the ratio metrics (x torch.compile, x unfused,
+                                                           % of SDPA, GB/s, TFLOP/s) from intervals widened to at least
+                                                           ±0.5 % of the median (the A/A resolution; default 0)
 
 A committed run's results.jsonl, results.parquet/.csv and meta.json are never modified without --write
 (results.jsonl and meta.json not even then), e.g.
@@ -39,20 +42,21 @@ def _kind(d: Path) -> str:
     raise SystemExit(f"{d} has no results.jsonl and no rep<k>/ run folders")
 
 
-def _replicates(dirs: list, out: Path | None, write: bool) -> None:
+def _replicates(dirs: list, out: Path | None, write: bool, resolution: float = 0.0) -> None:
     from normfuse import report
     from normfuse.paired import rounds_path
 
     if all(rounds_path(d) is not None for d in dirs):
         if out is not None and out.suffix == ".md":
-            text = report.replicate_report(dirs)
+            text = report.replicate_report(dirs, resolution=resolution)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(text + "\n")
             print(text)
         elif out is not None or write:
-            report.write_replicates(dirs, out if out is not None else Path(dirs[0]).parent, console=True)
+            report.write_replicates(dirs, out if out is not None else Path(dirs[0]).parent, console=True,
+                                    resolution=resolution)
         else:
-            print(report.replicate_report(dirs))
+            print(report.replicate_report(dirs, resolution=resolution))
         return
     for d in dirs:
         if not (Path(d) / "results.parquet").exists():
@@ -76,7 +80,13 @@ def main(argv=None) -> None:
                        "with --replicates, this .md file) instead of only printing them")
     where.add_argument("--write", action="store_true", help="regenerate the derived files of the run(s) in place "
                        "(results.parquet/.csv, paired.parquet, summary.md, plots/; merged replicate outputs)")
+    ap.add_argument("--resolution", type=float, default=0.0, metavar="R",
+                    help="relative timing resolution for the verdicts of ratio metrics (fraction, e.g. 0.005 = "
+                    "±0.5 %%: each pooled interval is widened to at least median × (1 ± R)); default 0")
     args = ap.parse_args(argv)
+    if not (args.resolution >= 0 and args.resolution < 1):
+        ap.error(f"--resolution must be a fraction in [0, 1), got {args.resolution}")
+    res = args.resolution
     from normfuse import report
     from normfuse.paired import replicate_dirs
 
@@ -84,7 +94,7 @@ def main(argv=None) -> None:
         for d in args.run_dirs:
             if _kind(d) != "run":
                 raise SystemExit(f"--replicates takes run folders; {d} is a folder of replicates (pass it alone)")
-        _replicates(args.run_dirs, args.out, args.write)
+        _replicates(args.run_dirs, args.out, args.write, res)
         return
     several = len(args.run_dirs) > 1
     for d in args.run_dirs:
@@ -93,16 +103,16 @@ def main(argv=None) -> None:
             reps = replicate_dirs(d)
             for r in reps:
                 if args.write:  # a replicate gets no plots of its own (as the runner writes it): the merged set has them
-                    report.derive(r, out_dir=r, write_tables=True, plots=False)
+                    report.derive(r, out_dir=r, write_tables=True, plots=False, resolution=res)
                 elif out is not None:
-                    report.derive(r, out_dir=out / r.name, plots=False)
-            _replicates(reps, out, args.write) if (out is not None or args.write) else print(
-                report.replicate_report(reps))
+                    report.derive(r, out_dir=out / r.name, plots=False, resolution=res)
+            _replicates(reps, out, args.write, res) if (out is not None or args.write) else print(
+                report.replicate_report(reps, resolution=res))
             continue
         if args.write:
-            report.derive(d, out_dir=d, write_tables=True, console=True)
+            report.derive(d, out_dir=d, write_tables=True, console=True, resolution=res)
         else:
-            report.derive(d, out_dir=out, console=True)
+            report.derive(d, out_dir=out, console=True, resolution=res)
 
 
 if __name__ == "__main__":

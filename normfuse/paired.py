@@ -365,16 +365,31 @@ def _overlap(los, his):
 
 # ----------------------------------------------------------------------------------------------- verdicts
 VERDICTS = ("met", "missed", "not resolved")
+# metrics proportional to t_reference / t_x (or to 1 / t_x): a relative timing resolution r is a relative r of them
+RATIO_METRICS = ("compile_ratio", "speedup_vs_unfused", "sdpa_fraction", "frac_cublas", "gbps", "tflops")
 
 
-def verdict(ci_lo: float, ci_hi: float, target: float | None) -> str | None:
+def verdict(ci_lo: float, ci_hi: float, target: float | None, median: float | None = None,
+            resolution: float = 0.0) -> str | None:
     """"met" when the whole interval is at or above ``target`` (``ci_lo >= target``), "missed" when it is below
     (``ci_hi < target``), else "not resolved" (the interval straddles the target, or there is no interval);
-    None without a target. Never decided from a median alone. Units: those of the metric (fractions)."""
+    None without a target. Never decided from a median alone. Units: those of the metric (fractions).
+
+    ``resolution`` (a fraction, e.g. 0.005; needs ``median``) is the harness's relative resolution for a ratio of
+    two times: the interval is widened to at least ``median * (1 ± resolution)`` first, so a bootstrap interval
+    narrower than what timing the same kernel twice can tell apart (an A/A twin: README, "The order within a
+    round") decides nothing. Only meaningful for metrics proportional to a ratio of times (``RATIO_METRICS``).
+    Raises ValueError for a negative or non-finite ``resolution``, or a positive one without a finite median."""
+    if not (isinstance(resolution, (int, float)) and np.isfinite(resolution) and resolution >= 0):
+        raise ValueError(f"resolution must be a finite fraction >= 0, got {resolution!r}")
     if target is None or not np.isfinite(target):
         return None
     if ci_lo is None or ci_hi is None or not (np.isfinite(ci_lo) and np.isfinite(ci_hi)):
         return "not resolved"
+    if resolution > 0:
+        if median is None or not np.isfinite(median):
+            raise ValueError("verdict with a resolution needs the finite median it is relative to")
+        ci_lo, ci_hi = min(ci_lo, median * (1 - resolution)), max(ci_hi, median * (1 + resolution))
     if ci_lo >= target:
         return "met"
     if ci_hi < target:

@@ -296,16 +296,16 @@ def _hidden_rows(df, best, gemm, dsls, blog, first: dict, naive: dict | None = N
 
 
 def summary(df: pd.DataFrame, mode: str, copy_tbps: float | None = None,
-            paired: pd.DataFrame | None = None) -> str:
+            paired: pd.DataFrame | None = None, resolution: float = 0.0) -> str:
     """Markdown summary. GPU: with ``paired`` (the run's ``paired.parquet`` table) first the paired tables
     (``paired_lines``: median [95 % interval] per DSL, best DSL, target and verdict); then, from the sweep-stage
     rows, per (K, N) the best hidden_dsl per DSL next to the blog's B200 value, and each DSL's best GEMM as a
-    fraction of cuBLAS. CPU: status of every point (no timings)."""
+    fraction of cuBLAS. CPU: status of every point (no timings). ``resolution``: see ``paired_lines``."""
     df = sweep_rows(df)
     counts = df.groupby(["dsl", "status"]).size().unstack(fill_value=0)
     lines = ["status counts per dsl:", "", counts.to_markdown(), ""]
     if mode == "gpu" and paired is not None and len(paired):
-        lines += paired_lines(paired)
+        lines += paired_lines(paired, resolution)
         lines += ["Sweep stage (one p50 per config, timed one after another; it chose the configs re-timed above):",
                   ""]
     if mode != "gpu":
@@ -390,12 +390,24 @@ def _verdict_tally(verdicts) -> str:
             "target; missed: all of it below; not resolved: it straddles the target).")
 
 
-def paired_lines(p: pd.DataFrame) -> list[str]:
+def _res(metric: str, resolution: float) -> float:
+    """The resolution that applies to ``metric``'s verdicts: ``resolution`` for ``paired.RATIO_METRICS``, else 0."""
+    return resolution if metric in paired_mod.RATIO_METRICS else 0.0
+
+
+def _res_note(metric: str, resolution: float) -> str:
+    r = _res(metric, resolution)
+    return (f" Verdicts with a timing resolution of ±{100 * r:g} %: each interval widened to at least "
+            f"median × (1 ± {r:g}) first.") if r > 0 else ""
+
+
+def paired_lines(p: pd.DataFrame, resolution: float = 0.0) -> list[str]:
     """Markdown tables of a run's paired timing (``paired.parquet``): for the technique's primary metric and the
     ``SECONDARY_METRICS`` it has, per variant and cell, each DSL's median [95 % interval] (in % for fractions),
     the best DSL (highest median) with its interval, the cell's target and the best DSL's verdict
     (``paired.verdict``), and with the primary metric the SM clock (min/median/max MHz) and the highest
-    temperature during the window."""
+    temperature during the window. ``resolution`` (fraction, default 0): the verdicts of ``paired.RATIO_METRICS``
+    use the pooled interval widened to at least ±``resolution`` of the median (``paired.verdict``)."""
     spec = _spec(p)
     primary = primary_metric(spec)
     present = set(p["metric"])
@@ -441,7 +453,7 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
                 b = g.loc[g["median"].idxmax()]
                 r["best"] = f"{plots.label(b['dsl'])} {_ci_text(b['median'], b['ci_lo'], b['ci_hi'], pct, nd)}"
                 t = target(spec, metric, variant, M, N, K)
-                v = paired_mod.verdict(b["ci_lo"], b["ci_hi"], t)
+                v = paired_mod.verdict(b["ci_lo"], b["ci_hi"], t, b["median"], _res(metric, resolution))
                 verdicts.append(v)
                 r["target"] = "–" if t is None else (f"{100 * t:.1f}" if pct else f"{t:.2f}")
                 r["verdict"] = v or "–"
@@ -463,7 +475,7 @@ def paired_lines(p: pd.DataFrame) -> list[str]:
                     "cell's rounds (not shown).", ""]
         tally = _verdict_tally(verdicts)
         if tally:
-            out += [tally, ""]
+            out += [tally + _res_note(metric, resolution), ""]
     return out
 
 
@@ -555,13 +567,13 @@ def replicates(run_dirs: list[Path]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- replicates (paired)
-def replicate_report(rep_dirs: list[Path], merged: pd.DataFrame | None = None) -> str:
+def replicate_report(rep_dirs: list[Path], merged: pd.DataFrame | None = None, resolution: float = 0.0) -> str:
     """Markdown report of replicate runs with paired timing (``paired.merge_replicates``): per cell the best DSL
     (highest pooled median of the technique's criterion metric, else its primary metric), each replicate's
     median [95 % interval], the pooled median [interval] (bootstrap over rounds stratified by replicate), the
     largest replicate half-width against the criterion's limit (``paired.CRITERIA``), the spread of the replicate
     medians, ``agree`` / ``overlap``, whether the criterion holds, and the pooled interval's verdict against the
-    cell's target; then every DSL's pooled interval."""
+    cell's target (``resolution``: as in ``paired_lines``); then every DSL's pooled interval."""
     merged = paired_mod.merge_replicates(rep_dirs) if merged is None else merged
     if merged.empty:
         return "(no paired rounds with metrics)"
@@ -587,9 +599,9 @@ def replicate_report(rep_dirs: list[Path], merged: pd.DataFrame | None = None) -
         for run, med, lo, hi in zip(runs, b["rep_median"], b["rep_ci_lo"], b["rep_ci_hi"]):
             r[run] = _ci_text(med, lo, hi, pct)
         r["pooled"] = _ci_text(b["median"], b["ci_lo"], b["ci_hi"], pct)
-        k = 100 if pct else 1
-        r["max ± (rep)"] = f"{k * b['rep_half_width_max']:.1f}" if np.isfinite(b["rep_half_width_max"]) else "–"
-        r["spread"] = f"{k * b['spread']:.1f}" if np.isfinite(b["spread"]) else "–"
+        k, nd = (100, 1) if pct else (1, 3)  # the decimals of _ci_text: a ratio's ± 0.02 is not "0.0"
+        r["max ± (rep)"] = f"{k * b['rep_half_width_max']:.{nd}f}" if np.isfinite(b["rep_half_width_max"]) else "–"
+        r["spread"] = f"{k * b['spread']:.{nd}f}" if np.isfinite(b["spread"]) else "–"
         r["agree"] = _flag(b["agree"])
         r["overlap"] = _flag(b["overlap"])
         if len(checks):
@@ -598,12 +610,12 @@ def replicate_report(rep_dirs: list[Path], merged: pd.DataFrame | None = None) -
             if len(c):
                 c = c.iloc[0]
                 lim = c["half_width_limit"]
-                r["± limit"] = "–" if lim is None or not np.isfinite(lim) else f"{k * lim:.0f}"
+                r["± limit"] = "–" if lim is None or not np.isfinite(lim) else f"{k * lim:.{0 if pct else nd}f}"
                 r["criterion"] = "holds" if c["holds"] is True or c["holds"] is np.True_ else (
                     "–" if pd.isna(c["holds"]) else "fails")
                 holds.append(r["criterion"])
         t = target(spec, metric, variant, M, N, K)
-        v = paired_mod.verdict(b["ci_lo"], b["ci_hi"], t)
+        v = paired_mod.verdict(b["ci_lo"], b["ci_hi"], t, b["median"], _res(metric, resolution))
         verdicts.append(v)
         r["target"] = "–" if t is None else (f"{100 * t:.1f}" if pct else f"{t:.2f}")
         r["verdict (pooled)"] = v or "–"
@@ -623,7 +635,7 @@ def replicate_report(rep_dirs: list[Path], merged: pd.DataFrame | None = None) -
         lines += [f"Criterion holds in {holds.count('holds')} of {len([h for h in holds if h != '–'])} cells.", ""]
     tally = _verdict_tally(verdicts)
     if tally:
-        lines += [tally.replace("Best DSL", "Best DSL (pooled interval)"), ""]
+        lines += [tally.replace("Best DSL", "Best DSL (pooled interval)") + _res_note(metric, resolution), ""]
     wide = []
     for key, g in f.groupby(order, dropna=False):
         r = ({"variant": key[1]} if len(variants) > 1 else {}) | {
@@ -642,7 +654,7 @@ def _flag(v) -> str:
     return "–" if v is None or pd.isna(v) else ("yes" if bool(v) else "no")
 
 
-def write_replicates(rep_dirs: list[Path], out_dir: Path, console=None) -> str:
+def write_replicates(rep_dirs: list[Path], out_dir: Path, console=None, resolution: float = 0.0) -> str:
     """Merge replicate runs with paired timing into ``out_dir``: ``replicates.md`` (``replicate_report``),
     ``paired_replicates.parquet`` (``paired.merge_replicates``; list columns per replicate),
     ``replicate_criteria.parquet`` (``paired.check_criteria``) and ``plots/`` (the pooled medians with their
@@ -651,7 +663,7 @@ def write_replicates(rep_dirs: list[Path], out_dir: Path, console=None) -> str:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     merged = paired_mod.merge_replicates(rep_dirs)
-    text = replicate_report(rep_dirs, merged)
+    text = replicate_report(rep_dirs, merged, resolution)
     (out / "replicates.md").write_text(text + "\n")
     merged.to_parquet(out / "paired_replicates.parquet", index=False)
     paired_mod.check_criteria(merged).to_parquet(out / "replicate_criteria.parquet", index=False)
@@ -703,12 +715,12 @@ def read_results(run_dir: Path) -> pd.DataFrame:
 
 
 def derive(run_dir: Path, out_dir: Path | None = None, write_tables: bool = False, console=None,
-           plots: bool = True) -> tuple:
+           plots: bool = True, resolution: float = 0.0) -> tuple:
     """Re-derive one run from its ``results.jsonl`` (and ``paired_rounds.jsonl``): metrics, then, into ``out_dir``,
     ``paired.parquet`` (runs with rounds), ``plots/`` and ``summary.md``. ``out_dir=None`` writes nothing (the
     summary is only returned / printed); ``write_tables`` also rewrites ``results.parquet`` / ``.csv`` in
     ``run_dir`` (only what ``--write`` asks for); ``plots=False`` skips the figures. ``meta.json`` and
-    ``results.jsonl`` are never written.
+    ``results.jsonl`` are never written. ``resolution``: see ``paired_lines``.
     Returns ``(df, summary_text)``."""
     from normfuse.results import write_tables as _write_tables
 
@@ -727,7 +739,7 @@ def derive(run_dir: Path, out_dir: Path | None = None, write_tables: bool = Fals
             make_plots(df, Path(out_dir), mode, meta, paired=p if p is not None else pd.DataFrame())
     else:
         p = paired_mod.compute(run_dir)
-    text = summary(df, mode, (meta.get("calibration") or {}).get("copy_tbps"), paired=p)
+    text = summary(df, mode, (meta.get("calibration") or {}).get("copy_tbps"), paired=p, resolution=resolution)
     if out_dir is not None:
         (Path(out_dir) / "summary.md").write_text(text + "\n")
     if console is not None:

@@ -251,6 +251,22 @@ def test_verdict(lo, hi, target, want):
     assert paired.verdict(lo, hi, target) == want
 
 
+def test_verdict_resolution_widens_narrow_intervals():
+    # 1.004 [1.002, 1.005] is "met" by the bootstrap interval alone, not with a ±0.5 % timing resolution
+    assert paired.verdict(1.002, 1.005, 1.0) == "met"
+    assert paired.verdict(1.002, 1.005, 1.0, median=1.004, resolution=0.005) == "not resolved"
+    assert paired.verdict(0.990, 0.993, 1.0, median=0.991, resolution=0.005) == "missed"  # 0.991 * 1.005 < 1
+    assert paired.verdict(1.017, 1.023, 1.0, median=1.019, resolution=0.005) == "met"      # wide of the floor
+    assert paired.verdict(0.9, 1.1, 1.0, median=1.0, resolution=0.005) == "not resolved"   # never narrowed
+    assert paired.verdict(1.002, 1.005, None, median=1.004, resolution=0.005) is None
+    for bad in (-0.01, np.nan, np.inf, "0.5"):
+        with pytest.raises(ValueError, match="resolution"):
+            paired.verdict(1.002, 1.005, 1.0, median=1.004, resolution=bad)
+    with pytest.raises(ValueError, match="median"):
+        paired.verdict(1.002, 1.005, 1.0, resolution=0.005)
+    assert set(paired.RATIO_METRICS) >= {"compile_ratio", "speedup_vs_unfused", "sdpa_fraction"}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # replicates
 # ----------------------------------------------------------------------------------------------------------------

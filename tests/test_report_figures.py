@@ -107,6 +107,18 @@ def test_fna_llm_paired_fraction_of_sdpa_with_target(tmp_path):
         p.name for p in (tmp_path / "out" / "plots").iterdir()}
 
 
+def test_resolution_turns_a_narrow_win_into_not_resolved(tmp_path):
+    """fraction of SDPA 0.903 against the 0.90 target: met by a tight bootstrap interval (low noise), not resolved
+    once the interval is widened to ±0.5 % of the median (0.903 × 0.995 < 0.90); the tally says so."""
+    run = make_run(tmp_path / "run", technique="fna_llm", variant="causal", M=4096, cells=((32, 1),), rounds=80,
+                   clock_sd=0.0, noise_sd=0.0005, times=lambda K, N: llm_times(4096, N, {"tlx": 0.903}))
+    _, text = report.derive(run)
+    assert {r["verdict"] for r in _table(text, "S")} == {"met"}
+    _, text = report.derive(run, resolution=0.005)
+    assert {r["verdict"] for r in _table(text, "S")} == {"not resolved"}
+    assert "timing resolution of ±0.5 %" in text
+
+
 def test_memory_bound_paired_run_reports_bandwidth(tmp_path):
     """A technique without a fused kernel (standalone norms, K = None): the paired table shows GB/s per DSL."""
     run = make_run(tmp_path / "run", technique="norms", M=4096, cells=((None, 1024), (None, 4096)), rounds=30,
@@ -258,6 +270,19 @@ def test_report_does_not_modify_a_run_without_write(tmp_path, capsys):
     assert all(after[f] == before[run][f] for f in ("results.jsonl", "meta.json", paired.ROUNDS_FILE))
     main([str(top), "--write"])
     assert (top / "replicates.md").exists() and (top / "rep0" / "summary.md").exists()
+
+
+def test_report_resolution_option(tmp_path, capsys):
+    """--resolution reaches the verdicts (and says so under the tally); a value outside [0, 1) is refused."""
+    from experiments.report import main
+
+    run = make_run(tmp_path / "exp" / "run", rounds=20)
+    main([str(run), "--resolution", "0.005"])
+    out = capsys.readouterr().out
+    assert "Paired timing" in out
+    with pytest.raises(SystemExit):
+        main([str(run), "--resolution", "-0.1"])
+    assert "--resolution must be a fraction" in capsys.readouterr().err
 
 
 def test_report_rejects_a_folder_without_runs(tmp_path):

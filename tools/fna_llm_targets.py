@@ -10,7 +10,9 @@ metric, the best config per DSL with the pooled median and 95 % bootstrap interv
 - the fused config(s) chosen, and TFLOP/s of the fastest SDPA backend (faster of ``sdpa`` and ``sdpa_cudnn``), the
   attention and the fused kernel (pooled medians).
 A target is *met* when the whole pooled interval is at or above it (``normfuse.paired.verdict``), *missed* when all
-of it is below, else *not resolved*; bold marks met. ``--compare OTHER`` adds the medians of a second run.
+of it is below, else *not resolved*; bold marks met. ``--compare OTHER`` adds the medians of a second run;
+``--resolution R`` widens every interval to at least median × (1 ± R) before the verdict (all three metrics are
+ratios of times; 0.005 = the A/A resolution of the paired harness).
 
     .venv/bin/python -m tools.fna_llm_targets results/fna_llm_lazyq/20261202_h200 [--compare results/fna_llm_lazyq/20261201_h200]
 """
@@ -45,9 +47,10 @@ def load(run_dir: Path, dsl: str = "tlx") -> pd.DataFrame:
     return d
 
 
-def targets(d: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: for each target column its pooled ``median``, ``ci_lo``, ``ci_hi`` and ``verdict``, the
-    fused ``configs`` and ``tflops_sdpa`` / ``tflops_attention`` / ``tflops_fused`` (TFLOP/s, pooled medians)."""
+def targets(d: pd.DataFrame, resolution: float = 0.0) -> pd.DataFrame:
+    """One row per cell: for each target column its pooled ``median``, ``ci_lo``, ``ci_hi`` and ``verdict``
+    (``normfuse.paired.verdict`` with ``resolution``), the fused ``configs`` and ``tflops_sdpa`` /
+    ``tflops_attention`` / ``tflops_fused`` (TFLOP/s, pooled medians)."""
     rows = []
     for (variant, S, B), g in d.groupby(CELL, sort=True):
         def one(impl, metric):
@@ -61,7 +64,7 @@ def targets(d: pd.DataFrame) -> pd.DataFrame:
                             f"{col}|ci_hi": float("nan"), f"{col}|verdict": "not resolved"})
                 continue
             row.update({f"{col}|median": r["median"], f"{col}|ci_lo": r["ci_lo"], f"{col}|ci_hi": r["ci_hi"],
-                        f"{col}|verdict": verdict(r["ci_lo"], r["ci_hi"], tgt)})
+                        f"{col}|verdict": verdict(r["ci_lo"], r["ci_hi"], tgt, r["median"], resolution)})
         sp = one("fused", "speedup_vs_unfused")
         row["configs"] = ", ".join(sorted(set(sp["configs"]))) if sp is not None else ""
         sdpa = [one(i, "tflops") for i in ("sdpa", "sdpa_cudnn")]
@@ -109,10 +112,12 @@ def main(argv=None) -> None:
     ap.add_argument("run", type=Path, help="a replicated fna_llm run folder (holds paired_replicates.parquet)")
     ap.add_argument("--compare", type=Path, default=None, help="a second run: its medians in parentheses")
     ap.add_argument("--dsl", default="tlx", help="the DSL whose best entries are judged (default tlx)")
+    ap.add_argument("--resolution", type=float, default=0.0, metavar="R",
+                    help="relative timing resolution (fraction, e.g. 0.005): intervals widened to median × (1 ± R)")
     a = ap.parse_args(argv)
     try:
-        t = targets(load(a.run, a.dsl))
-        o = targets(load(a.compare, a.dsl)) if a.compare else None
+        t = targets(load(a.run, a.dsl), a.resolution)
+        o = targets(load(a.compare, a.dsl), a.resolution) if a.compare else None
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
     print(markdown(t, o))
