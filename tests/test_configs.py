@@ -90,3 +90,13 @@ def test_bad_paired_order_or_settle_stops_before_a_run_folder(tmp_path, override
     with pytest.raises(ValueError, match=message):
         sweep.run(cfg)
     assert not (tmp_path / cfg["experiment_name"]).exists()
+
+
+def test_paired_code_defaults_match_config_yaml():
+    """``sweep.PAIRED_DEFAULTS`` (what a cfg without timing.paired keys gets: the API, tests) and configs/config.yaml
+    say the same for every key but the two that the YAML sets on purpose: ``rounds`` (0 = off without a config, 40
+    with it) and ``max_window_s`` (60 s vs the experiments' 20 s)."""
+    yaml = OmegaConf.to_container(OmegaConf.load(CONFIGS / "config.yaml"))["timing"]["paired"]
+    assert set(yaml) == set(sweep.PAIRED_DEFAULTS)
+    differ = {k for k in yaml if yaml[k] != sweep.PAIRED_DEFAULTS[k]}
+    assert differ == {"rounds", "max_window_s"}, {k: (yaml[k], sweep.PAIRED_DEFAULTS[k]) for k in differ}
