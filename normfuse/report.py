@@ -396,9 +396,14 @@ def _res(metric: str, resolution: float) -> float:
 
 
 def _res_note(metric: str, resolution: float) -> str:
-    r = _res(metric, resolution)
-    return (f" Verdicts with a timing resolution of ±{100 * r:g} %: each interval widened to at least "
-            f"median × (1 ± {r:g}) first.") if r > 0 else ""
+    """The sentence under a verdict tally saying whether a timing resolution was applied ("" when none asked)."""
+    if resolution <= 0:
+        return ""
+    if metric not in paired_mod.RATIO_METRICS:
+        return (f" The timing resolution (±{100 * resolution:g} %) is not applied here: {metric} is not a ratio of "
+                "times (verdicts from the interval alone).")
+    return (f" Verdicts with a timing resolution of ±{100 * resolution:g} %: each interval widened to at least "
+            f"median × (1 ± {resolution:g}) first.")
 
 
 def paired_lines(p: pd.DataFrame, resolution: float = 0.0) -> list[str]:

@@ -52,3 +52,31 @@ def test_load_errors(tmp_path):
         ft.load(tmp_path)
     with pytest.raises(SystemExit, match="error:"):
         ft.main([str(tmp_path)])
+
+
+def test_resolution_and_bad_arguments(tmp_path, capsys):
+    d = _table()
+    d.to_parquet(tmp_path / "paired_replicates.parquet")
+    ft.main([str(tmp_path), "--resolution", "0.005"])
+    out = capsys.readouterr().out
+    assert "timing resolution of ±0.5 %" in out
+    t = ft.targets(ft.load(tmp_path), resolution=0.06)  # cell 1's 0.97 [0.96, 0.98] widened to [0.912, ...]
+    assert t.loc[0, f"{list(ft.TARGETS)[1]}|verdict"] == "not resolved"
+    for bad in ("2", "-0.1", "nan"):
+        with pytest.raises(SystemExit):
+            ft.main([str(tmp_path), "--resolution", bad])
+        assert "--resolution must be a fraction" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="dsl='foo'"):  # torch baseline rows alone are not a table
+        ft.main([str(tmp_path), "--dsl", "foo"])
+
+
+def test_single_run_paired_parquet(tmp_path):
+    """Without paired_replicates.parquet the run's paired.parquet is read: best config per cell, dsl, impl, metric."""
+    d = _table().drop(columns=["configs"])
+    d = d.assign(config_name=["cfg-a"] * len(d))
+    worse = d[(d["impl"] == "fused") & (d["metric"] == "speedup_vs_unfused")].assign(
+        config_name="cfg-slow", median=0.5, ci_lo=0.4, ci_hi=0.6)
+    pd.concat([d, worse]).to_parquet(tmp_path / "paired.parquet")
+    t = ft.targets(ft.load(tmp_path))
+    s = list(ft.TARGETS)[2]
+    assert list(t[f"{s}|verdict"]) == ["met", "not resolved"] and t.loc[0, "configs"] == "cfg-a"

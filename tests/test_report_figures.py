@@ -117,6 +117,9 @@ def test_resolution_turns_a_narrow_win_into_not_resolved(tmp_path):
     _, text = report.derive(run, resolution=0.005)
     assert {r["verdict"] for r in _table(text, "S")} == {"not resolved"}
     assert "timing resolution of ±0.5 %" in text
+    lazy = make_run(tmp_path / "lazy", rounds=20)  # hidden_dsl: not a ratio of times, so the note says so
+    _, text = report.derive(lazy, resolution=0.005)
+    assert "is not applied here: hidden_dsl is not a ratio of times" in text
 
 
 def test_memory_bound_paired_run_reports_bandwidth(tmp_path):

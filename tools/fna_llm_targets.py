@@ -1,7 +1,9 @@
-"""Issue 13's three fna_llm targets, per cell, from a replicated paired run of the QK-norm attention grid.
+"""Issue 13's three fna_llm targets, per cell, from a paired run of the QK-norm attention grid.
 
-Reads ``<run>/paired_replicates.parquet`` (``normfuse.report.write_replicates``: one row per cell, dsl, impl and
-metric, the best config per DSL with the pooled median and 95 % bootstrap interval) and prints, per cell
+Reads ``<run>/paired_replicates.parquet`` of a replicated run (``experiments.report <run> --write``: one row per
+cell, dsl, impl and metric, the best config per DSL with the pooled median and 95 % bootstrap interval) or, for a
+single run, its ``paired.parquet`` (the config with the highest median per cell, dsl, impl and metric), and prints,
+per cell
 (variant, S = M, B = N), for the best TLX entries:
 - ``attention % of fastest SDPA`` (impl ``attention``, metric ``sdpa_fraction``; target >= 100 %),
 - ``fused % of fastest SDPA`` (impl ``fused``, ``sdpa_fraction``; target >= 95 %),
@@ -14,7 +16,7 @@ of it is below, else *not resolved*; bold marks met. ``--compare OTHER`` adds th
 ``--resolution R`` widens every interval to at least median × (1 ± R) before the verdict (all three metrics are
 ratios of times; 0.005 = the A/A resolution of the paired harness).
 
-    .venv/bin/python -m tools.fna_llm_targets results/fna_llm_lazyq/20261202_h200 [--compare results/fna_llm_lazyq/20261201_h200]
+    .venv/bin/python -m tools.fna_llm_targets results/fna_llm_lazyq/20261202_h200 [--compare results/fna_llm_lazyq/20261201_h200] [--resolution 0.005]
 """
 
 from __future__ import annotations
@@ -35,14 +37,23 @@ CELL = ["variant", "M", "N"]
 
 
 def load(run_dir: Path, dsl: str = "tlx") -> pd.DataFrame:
-    """The fna_llm rows of ``run_dir/paired_replicates.parquet`` for ``dsl`` and the torch SDPA baselines.
-    Raises FileNotFoundError without that file, ValueError when it holds no fna_llm rows."""
-    path = Path(run_dir) / "paired_replicates.parquet"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: not a replicated paired run (write it with experiments.report)")
-    d = pd.read_parquet(path)
+    """The fna_llm rows for ``dsl`` and the torch SDPA baselines of ``run_dir/paired_replicates.parquet``, else of
+    ``run_dir/paired.parquet`` (best config per cell, dsl, impl and metric; ``configs`` = [its name]).
+    Raises FileNotFoundError without either file, ValueError when there are no fna_llm rows of ``dsl``."""
+    run_dir = Path(run_dir)
+    path = run_dir / "paired_replicates.parquet"
+    if path.exists():
+        d = pd.read_parquet(path)
+    elif (run_dir / "paired.parquet").exists():
+        path = run_dir / "paired.parquet"
+        d = pd.read_parquet(path)
+        d = d.loc[d.groupby(["technique", *CELL, "dsl", "impl", "metric"], dropna=False)["median"].idxmax()]
+        d = d.assign(configs=[[c] for c in d["config_name"]])
+    else:
+        raise FileNotFoundError(f"{run_dir}: no paired_replicates.parquet or paired.parquet (a paired run's folder; "
+                                "a replicated run's merged file comes from `experiments.report <run> --write`)")
     d = d[(d["technique"] == "fna_llm") & d["dsl"].isin([dsl, "torch"])]
-    if d.empty:
+    if not (d["dsl"] == dsl).any():
         raise ValueError(f"{path}: no fna_llm rows for dsl={dsl!r}")
     return d
 
@@ -82,8 +93,9 @@ def counts(t: pd.DataFrame) -> dict:
             for col in TARGETS}
 
 
-def markdown(t: pd.DataFrame, other: pd.DataFrame | None = None) -> str:
-    """The per-cell table (bold: met) and the tally; with ``other``, each cell's median there in parentheses."""
+def markdown(t: pd.DataFrame, other: pd.DataFrame | None = None, resolution: float = 0.0) -> str:
+    """The per-cell table (bold: met) and the tally; with ``other``, each cell's median there in parentheses;
+    ``resolution`` > 0 adds a line saying the verdicts used it (the table shows the intervals as measured)."""
     def cell(r, col, o):
         scale = TARGETS[col][3]
         nd = 1 if scale == 100.0 else 3
@@ -104,23 +116,28 @@ def markdown(t: pd.DataFrame, other: pd.DataFrame | None = None) -> str:
     lines.append("")
     for col, c in counts(t).items():
         lines.append(f"- {col}: met {c['met']}, missed {c['missed']}, not resolved {c['not resolved']} of {len(t)}")
+    if resolution > 0:
+        lines.append(f"- verdicts (bold and tallies) with a timing resolution of ±{100 * resolution:g} %: each interval "
+                     f"widened to at least median × (1 ± {resolution:g}); the table shows the intervals as measured")
     return "\n".join(lines)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path, help="a replicated fna_llm run folder (holds paired_replicates.parquet)")
+    ap.add_argument("run", type=Path, help="an fna_llm paired run folder (paired_replicates.parquet of a replicated run, else paired.parquet)")
     ap.add_argument("--compare", type=Path, default=None, help="a second run: its medians in parentheses")
     ap.add_argument("--dsl", default="tlx", help="the DSL whose best entries are judged (default tlx)")
     ap.add_argument("--resolution", type=float, default=0.0, metavar="R",
                     help="relative timing resolution (fraction, e.g. 0.005): intervals widened to median × (1 ± R)")
     a = ap.parse_args(argv)
+    if not 0 <= a.resolution < 1:  # also refuses nan
+        ap.error(f"--resolution must be a fraction in [0, 1) (0.005 = ±0.5 %), got {a.resolution}")
     try:
         t = targets(load(a.run, a.dsl), a.resolution)
         o = targets(load(a.compare, a.dsl), a.resolution) if a.compare else None
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}")
-    print(markdown(t, o))
+    print(markdown(t, o, a.resolution))
 
 
 if __name__ == "__main__":

@@ -274,8 +274,9 @@ def markdown(runs: pd.DataFrame, parts: pd.DataFrame, shapes: pd.DataFrame | Non
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, default=Path("results"))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=Path("results"),
+                    help="the results folder whose paired runs are analysed (default results)")
     ap.add_argument("--write", action="store_true", help=f"write {OUT_DIR}/order_bias.md and .parquet")
     a = ap.parse_args(argv)
     runs, parts, shapes = analyse(a.root)
