@@ -27,12 +27,14 @@ from pathlib import Path
 import pandas as pd
 
 from normfuse.paired import verdict
+from normfuse.report import _ci_text
 
-TARGETS = {  # column -> (impl, metric, target, scale for display)
-    "attention % of fastest SDPA": ("attention", "sdpa_fraction", 1.00, 100.0),
-    "fused % of fastest SDPA": ("fused", "sdpa_fraction", 0.95, 100.0),
-    "fused × (SDPA + norms)": ("fused", "speedup_vs_unfused", 1.0 + 1e-12, 1.0),
+TARGETS = {  # column -> (impl, metric, target, shown in % (×100, 1 decimal) rather than as a ratio (3 decimals))
+    "attention % of fastest SDPA": ("attention", "sdpa_fraction", 1.00, True),
+    "fused % of fastest SDPA": ("fused", "sdpa_fraction", 0.95, True),
+    "fused × (SDPA + norms)": ("fused", "speedup_vs_unfused", 1.0 + 1e-12, False),
 }
+NAN = float("nan")
 CELL = ["variant", "M", "N"]
 
 
@@ -70,19 +72,16 @@ def targets(d: pd.DataFrame, resolution: float = 0.0) -> pd.DataFrame:
         row = {"variant": variant, "S": int(S), "B": int(B)}
         for col, (impl, metric, tgt, _) in TARGETS.items():
             r = one(impl, metric)
-            if r is None:
-                row.update({f"{col}|median": float("nan"), f"{col}|ci_lo": float("nan"),
-                            f"{col}|ci_hi": float("nan"), f"{col}|verdict": "not resolved"})
-                continue
-            row.update({f"{col}|median": r["median"], f"{col}|ci_lo": r["ci_lo"], f"{col}|ci_hi": r["ci_hi"],
-                        f"{col}|verdict": verdict(r["ci_lo"], r["ci_hi"], tgt, r["median"], resolution)})
+            med, lo, hi = (NAN, NAN, NAN) if r is None else (r["median"], r["ci_lo"], r["ci_hi"])
+            row.update({f"{col}|median": med, f"{col}|ci_lo": lo, f"{col}|ci_hi": hi,
+                        f"{col}|verdict": verdict(lo, hi, tgt, med, resolution)})  # no interval: "not resolved"
         sp = one("fused", "speedup_vs_unfused")
         row["configs"] = ", ".join(sorted(set(sp["configs"]))) if sp is not None else ""
         sdpa = [one(i, "tflops") for i in ("sdpa", "sdpa_cudnn")]
-        row["tflops_sdpa"] = max((r["median"] for r in sdpa if r is not None), default=float("nan"))
+        row["tflops_sdpa"] = max((r["median"] for r in sdpa if r is not None), default=NAN)
         for impl in ("attention", "fused"):
             r = one(impl, "tflops")
-            row[f"tflops_{impl}"] = r["median"] if r is not None else float("nan")
+            row[f"tflops_{impl}"] = r["median"] if r is not None else NAN
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -97,13 +96,12 @@ def markdown(t: pd.DataFrame, other: pd.DataFrame | None = None, resolution: flo
     """The per-cell table (bold: met) and the tally; with ``other``, each cell's median there in parentheses;
     ``resolution`` > 0 adds a line saying the verdicts used it (the table shows the intervals as measured)."""
     def cell(r, col, o):
-        scale = TARGETS[col][3]
-        nd = 1 if scale == 100.0 else 3
-        s = f"{r[col + '|median'] * scale:.{nd}f} [{r[col + '|ci_lo'] * scale:.{nd}f}, {r[col + '|ci_hi'] * scale:.{nd}f}]"
+        pct = TARGETS[col][3]
+        s = _ci_text(r[col + "|median"], r[col + "|ci_lo"], r[col + "|ci_hi"], pct)
         if r[f"{col}|verdict"] == "met":
             s = f"**{s}**"
         if o is not None:
-            s += f" ({o[col + '|median'] * scale:.{nd}f})"
+            s += f" ({_ci_text(o[col + '|median'], None, None, pct).removesuffix(' [–]')})"  # the median alone
         return s
     idx = other.set_index(["variant", "S", "B"]) if other is not None else None
     head = ["variant, S, B", *TARGETS, "best fused config", "TFLOP/s: fastest SDPA / attention / fused"]
