@@ -288,7 +288,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        PIPELINE: tl.constexpr = False, PINGPONG_PV: tl.constexpr = False,
                        LPT: tl.constexpr = False, WARP_ARRIVE: tl.constexpr = False,
                        PERSISTENT: tl.constexpr = False, LAZY_Q: tl.constexpr = False,
-                       LAZY_Q_EARLY: tl.constexpr = False, PDL: tl.constexpr = False):
+                       LAZY_Q_EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
+                       PROBE_RSTD_Q: tl.constexpr = 0):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
@@ -419,6 +420,9 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     q_phase = 0
                 row0 = start_m * BLOCK_M + cid * BLOCK_M_SPLIT
                 offs_m = row0 + tl.arange(0, BLOCK_M_SPLIT)
+                if PROBE_RSTD_Q == 2:  # timing ablation (tools/fna_llm_breakdown_probe.py): rstd_q [B·Hq, S] fp32
+                    # read from global memory (passed in RSTD_K's slot) instead of computed from the Q tile
+                    rstd_q = tl.load(RSTD_K + bh.to(tl.int64) * S + offs_m, mask=offs_m < S, other=1.0)
                 tlx.barrier_wait(q_fulls[qi], q_phase)
                 if PIPELINE and (LAZY_Q or not NORM_QK):  # the QKᵀ A operand straight from the TMA-loaded
                     q = q_tiles[qi]  # buffer (SS wgmma); LAZY_Q: the raw Q, its rstd scales S's rows
@@ -453,7 +457,12 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     if K_PREPASS:
                         rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
                     s_scale = qk_scale
-                    if LAZY_Q and LAZY_Q_EARLY:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared memory
+                    if LAZY_Q and PROBE_RSTD_Q == 1:  # timing ablation: no rstd_q at all (a per-row scale of 1; the
+                        # kernel then computes plain attention of q against k_n)
+                        s_scale = tl.full([BLOCK_M_SPLIT], 1.0, tl.float32) * qk_scale
+                    elif LAZY_Q and PROBE_RSTD_Q == 2:
+                        s_scale = rstd_q * qk_scale
+                    elif LAZY_Q and LAZY_Q_EARLY:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared memory
                         # (32-column slices, fp32; γq is in k_n). LAZY_Q_EARLY (= PINGPONG): before the tile's first
                         # QKᵀ, outside the ping-pong turn (computed while the first QKᵀ runs, the ping-pong kernels
                         # lost 13-32 % at S >= 4096; tools/fna_llm_lazyq_probe.py)
@@ -474,7 +483,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     col_scale = qk_scale
                     if K_PREPASS:
                         col_scale = rstd_k * qk_scale
-                    if LAZY_Q and not LAZY_Q_EARLY:  # cooperative: while the first QKᵀ wgmma reads the same tile
+                    if LAZY_Q and not LAZY_Q_EARLY and PROBE_RSTD_Q == 0:  # cooperative: while the first QKᵀ wgmma reads the same tile
                         # (the block above, repeated: a jit helper can neither take nor return a tensor of a pinned
                         # tlx.layout - the call's signature carries no layout - so it stays inline)
                         ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)

@@ -6,9 +6,17 @@ with γq folded), ``fused_attn`` (the attention kernel of the fused op alone, on
 the two RMSNorms in eager PyTorch (``norm_q_eager`` / ``norm_k_eager``, ``F.rms_norm``) for scale. The compiled
 norms of the runner's unfused baseline cannot run here: Inductor finds no GPU backend under the TLX Triton, so the
 norms' share comes from the runner's paired runs (``T(sdpa_plus_norms) − T(sdpa)``). The fused op is checked
-against the fp32 reference first. GPU only:
+against the fp32 reference first.
 
-    python -m tools.fna_llm_breakdown_probe --out DIR [--config NAME] [--rounds 20]
+``--ablations`` (``LAZY_Q`` configs) adds variants of the fused op's attention kernel that isolate its extra time
+(the kernel's ``PROBE_RSTD_Q`` constexpr, never set by the library): ``attn_kn`` (the plain attention kernel on the
+fused kernel's data, raw q and k_n: the input effect), ``fused_attn_norstd`` (the fused kernel with no rstd_q, a
+per-row scale of 1: attention of q against k_n, checked as such), ``fused_attn_rstdload`` (rstd_q read from a
+[B·Hq, S] fp32 vector computed beforehand instead of from the Q tile in shared memory; checked as the fused op) and
+``rstd_q_prepass`` (that vector's pre-pass kernel, ``_k_rstd_kernel`` over q). Every variant's output is checked
+before it is timed; each cell's NVML clock / power samples are recorded. GPU only:
+
+    python -m tools.fna_llm_breakdown_probe --out DIR [--config NAME] [--rounds 20] [--ablations]
 
 from the repository root, TLX environment on the path. Writes DIR/probe.json (every sample) and DIR/meta.json (commit,
 versions, GPU, config), prints a table (median µs)."""
@@ -23,6 +31,7 @@ from pathlib import Path
 import torch
 
 from kernels_tlx import fna_llm as K
+from kernels_triton.fna_llm import k_prepass
 from normfuse import hardware, timing
 from normfuse.gpu_checks import shipped_configs
 from normfuse.worker import versions
@@ -54,28 +63,76 @@ def parts(inp, causal: bool, cfg: dict) -> dict:
             "norm_q_eager": lambda: eager(q, qw), "norm_k_eager": lambda: eager(k, kw)}
 
 
+def ablations(inp, causal: bool, cfg: dict) -> tuple[dict, dict]:
+    """``(callables, checks)`` of the ``--ablations`` variants (module docstring): each callable returns its output;
+    ``checks[name] = (impl for T.check, inputs)`` says what it must equal."""
+    if not cfg.get("LAZY_Q"):
+        raise ValueError("--ablations needs a LAZY_Q config (PROBE_RSTD_Q ablates the Lazy Pre-Norm rstd_q)")
+    q, k, v, qw, kw = inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"]
+    o, launches, kwc, pre = K._prepare(q, k, v, qw, kw, None, causal, 1e-6, cfg, True)
+    pre_kernel, pre_args, pre_grid, pre_kw = pre
+    pre_kernel[pre_grid](*pre_args, **pre_kw)
+    k_n = pre_args[2]
+    (args, grid), = launches  # PERSISTENT: one launch; RSTD_K (index 7) is unused with K_NORM = materialize
+    rq_pre, rstd_q, _ = k_prepass(q, None, 1e-6, "prepass")
+    rq_kernel, rq_args, rq_grid, rq_kw = rq_pre
+    rq_kernel[rq_grid](*rq_args, **rq_kw)
+    args_rq = args[:7] + (rstd_q,) + args[8:]
+
+    def run(a, mode):
+        def f():
+            K._fna_llm_ws_kernel[grid](*a, **kwc, PROBE_RSTD_Q=mode)
+            return o
+        return f
+
+    def rq():
+        rq_kernel[rq_grid](*rq_args, **rq_kw)
+        return rstd_q
+
+    fns = {"attn_kn": lambda: K.attention(q, k_n, v, causal=causal, config=cfg),
+           "fused_attn_norstd": run(args, 1), "fused_attn_rstdload": run(args_rq, 2), "rstd_q_prepass": rq}
+    on_kn = {**inp, "k": k_n}
+    checks = {"attn_kn": ("attention", on_kn), "fused_attn_norstd": ("attention", on_kn),
+              "fused_attn_rstdload": ("fused", inp)}
+    return fns, checks
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for probe.json and meta.json")
     ap.add_argument("--config", default="bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                     help="a TLX entry of configs/tiling/fna_llm_h200.yaml")
     ap.add_argument("--rounds", type=int, default=20, help="paired rounds per cell")
+    ap.add_argument("--ablations", action="store_true", help="add the PROBE_RSTD_Q variants (LAZY_Q configs)")
     args = ap.parse_args()
+    if args.config not in CFGS:
+        ap.error(f"--config {args.config!r} is not a TLX entry of configs/tiling/fna_llm_h200.yaml")
     cfg = CFGS[args.config]
     rows = []
     for S, B, causal in SHAPES:
         variant = "causal" if causal else "noncausal"
         inp = T.make_inputs(S, B, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=S + B)
         fns = parts(inp, causal, cfg)
-        for name, impl in (("fused", "fused"), ("attn", "attention")):  # correct before timed
-            res = T.check(impl, fns[name](), inp, 1e-6, variant)
+        checks = {"fused": ("fused", inp), "attn": ("attention", inp)}
+        if args.ablations:
+            extra, extra_checks = ablations(inp, causal, cfg)
+            fns.update(extra)
+            checks.update(extra_checks)
+        for name, (impl, ref_inp) in checks.items():  # correct before timed
+            res = T.check(impl, fns[name](), ref_inp, 1e-6, variant)
             if not res["ok"]:
                 raise SystemExit(f"{name} failed its check at S={S} B={B} {variant}: {res}")
-        t = timing.bench_graph_interleaved(fns, rounds=args.rounds, graph_ms=3.0)
+        if args.ablations:  # the pre-pass's rstd_q against torch
+            ref = torch.rsqrt(inp["q"].float().pow(2).mean(-1) + 1e-6).flatten()
+            torch.testing.assert_close(fns["rstd_q_prepass"](), ref, rtol=1e-5, atol=0)
+        with hardware.Sampler() as sampler:
+            t = timing.bench_graph_interleaved(fns, rounds=args.rounds, graph_ms=3.0)
+        nvml = sampler.stats()
         for name, s in t.items():
             rows.append(dict(S=S, B=B, variant=variant, name=name, us=1e3 * statistics.median(s),
-                             samples=s))
-        print(f"done S={S} B={B} {variant}", flush=True)
+                             samples=s, **nvml))
+        print(f"done S={S} B={B} {variant}: SM clock {nvml['sm_clock_mhz_min']}-{nvml['sm_clock_mhz_max']} MHz, "
+              f"power median {nvml['power_w_median']} W", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gpu = hardware.read_gpu()
@@ -84,7 +141,8 @@ def main():
     from normfuse.sweep import git_info  # pandas: the GPU host's python has it, the CPU TLX venv not
 
     meta = {"tool": "tools.fna_llm_breakdown_probe", "argv": vars(args), **git_info(), "versions": versions(),
-            "gpu": gpu, "config": cfg, "shapes": SHAPES, "checked": "fused and attn against the fp32 reference"}
+            "gpu": gpu, "config": cfg, "shapes": SHAPES, "ablations": args.ablations,
+            "checked": "every timed variant's output against the fp32 reference first (ablations: see the docstring)"}
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
     names = list(dict.fromkeys(r["name"] for r in rows))
     print(f"{'cell':22s}" + "".join(f"{n:>16s}" for n in names) + "   (median µs)")
