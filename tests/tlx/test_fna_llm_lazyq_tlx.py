@@ -87,6 +87,22 @@ def test_lazyq_prepass_folds_q_weight():
     assert pre is None and kwd["LAZY_Q"] is False  # attention: no pre-pass, no row scale
 
 
+def test_probe_rstd_q_ablations_compile():
+    """The breakdown probe's ``PROBE_RSTD_Q`` (tools/fna_llm_breakdown_probe.py --ablations): 0 is the kernel as
+    shipped, 1 (no rstd_q) compiles to the plain attention's KV loops (the row scale of 1 folds away), 2 reads rstd_q
+    from global memory (a ``tt.load`` per consumer warpgroup) and keeps the KV loops free of spills."""
+    cfg = LAZY["bn128-buf2-pipe-pingpong-persist-mat-lazyq"]
+    launches, kwd = C.launch(cfg, True, False)
+    (args, grid), = launches
+    compiled = {m: K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd, PROBE_RSTD_Q=m) for m in (0, 1, 2)}
+    assert ptx_code(compiled[0].asm["ptx"]) == ptx_code(C.ptx(cfg, True, False))
+    assert C.sass_loops(compiled[1].asm["ptx"]) == C.sass_loops(C.ptx(cfg, False, False))
+    loads = {m: len(re.findall(r"\btt\.load\b", c.asm["ttgir"])) for m, c in compiled.items()}
+    assert loads == {0: 0, 1: 0, 2: 2}, loads  # one rstd_q load per consumer warpgroup
+    spill, in_loop = C.sass_spills(compiled[2].asm["ptx"])
+    assert spill <= 8 and not in_loop, (spill, in_loop)
+
+
 def test_lazyq_config_validation():
     with pytest.raises(ValueError, match="LAZY_Q"):
         K.TilingConfig(LAZY_Q=1)
