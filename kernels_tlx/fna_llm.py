@@ -141,6 +141,12 @@ K_NORM_MODES = ("prepass", "inloop", "materialize")
 # l//4 + 8, column pairs 2·(l%4) + 8j), so the row sums of squares land in the accumulator's row layout without a
 # shared-memory round trip (otherwise the compiler moves the whole softmax to the load's layout)
 Q_ROWS_LAYOUT = tl.constexpr(tlx.layout(shape=((4, 8, 4), (2, 2, 4)), stride=((2, 32, 512), (1, 256, 8))))
+# RSTD_Q_PRODUCER: rstd_q stored as a [64, 8] block (each row's value in all eight columns) and read in the m64
+# accumulator's own layout restricted to 8 columns (Q_ROWS_LAYOUT's pattern); the max over a row is the value, in
+# the accumulator's row layout. Loaded as 1-D, [64, 1] or [64, 4] (a layout that is not the accumulator's), the
+# compiler moved the whole softmax to the loaded layout (seen in the TTGIR of a CPU compile)
+RSTD_ROWS_LAYOUT = tl.constexpr(tlx.layout(shape=((4, 8, 4), (2, 2)), stride=((2, 8, 128), (1, 64))))
+RSTD_Q_CHUNK = tl.constexpr(16)  # columns per shared-memory read of the producer's rstd_q (it runs with 40 registers per thread)
 
 
 @dataclass(frozen=True)
@@ -158,7 +164,10 @@ class TilingConfig(TilingConfigBase):
     work tiles with the next tile's Q prefetched into a second Q buffer; causal: heaviest first, so ``LPT`` is
     implied; K_NORM prepass or materialize), ``LAZY_Q`` (with ``PIPELINE`` and ``K_NORM = "materialize"``: Q's
     rstd applied to the rows of S, γq folded into k_n, instead of normalizing the Q tile in shared memory; computed
-    before the tile's first QKᵀ with ``PINGPONG``, while it runs without; ``attention`` ignores it), ``PDL``
+    before the tile's first QKᵀ with ``PINGPONG``, while it runs without; ``attention`` ignores it),
+    ``RSTD_Q_PRODUCER`` (with ``LAZY_Q`` and ``PERSISTENT``: the producer warpgroup, idle between its TMA issues,
+    computes each Q tile's rstd_q once the tile has landed and hands it to the consumers through shared memory, so
+    their tile prologue is one 64-value read instead of the sums of squares), ``PDL``
     (``K_NORM = "materialize"``: the fused op launches the attention kernel as a programmatic dependent of the K
     pre-pass, which triggers it at once; the producer waits for the pre-pass before its first K load). Raises
     ValueError naming the violated constraint."""
@@ -174,6 +183,7 @@ class TilingConfig(TilingConfigBase):
     WARP_ARRIVE: bool = False
     PERSISTENT: bool = False
     LAZY_Q: bool = False
+    RSTD_Q_PRODUCER: bool = False
     PDL: bool = False
 
     def __post_init__(self):
@@ -187,7 +197,7 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"PINGPONG must be a bool, got {self.PINGPONG!r}")
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
-        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q", "PDL"):
+        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q", "RSTD_Q_PRODUCER", "PDL"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.PINGPONG_PV and not (self.PIPELINE and self.PINGPONG):
@@ -205,6 +215,9 @@ class TilingConfig(TilingConfigBase):
         if self.LAZY_Q and not (self.PIPELINE and self.K_NORM == "materialize"):
             raise ValueError("LAZY_Q needs PIPELINE and K_NORM materialize (γq is folded into the materialized k_n; "
                              "the row scale lives in the pipelined loop's softmax)")
+        if self.RSTD_Q_PRODUCER and not (self.LAZY_Q and self.PERSISTENT):
+            raise ValueError("RSTD_Q_PRODUCER needs LAZY_Q and PERSISTENT (the producer computes the next tile's "
+                             "rstd_q while the consumers finish this one; one tile per CTA would delay its K loads)")
 
 
 @triton.jit
@@ -289,7 +302,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        LPT: tl.constexpr = False, WARP_ARRIVE: tl.constexpr = False,
                        PERSISTENT: tl.constexpr = False, LAZY_Q: tl.constexpr = False,
                        LAZY_Q_EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
-                       PROBE_RSTD_Q: tl.constexpr = 0):
+                       PROBE_RSTD_Q: tl.constexpr = 0, RSTD_Q_PRODUCER: tl.constexpr = False):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
@@ -330,6 +343,9 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS * NUM_Q_BUFFERS, arrive_count=1)
     if PERSISTENT:  # Q buffer (q buffer, warpgroup) released by its consumer warpgroup once its last QKᵀ is done
         q_empties = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS * NUM_Q_BUFFERS, arrive_count=1)
+    if RSTD_Q_PRODUCER:  # rstd_q of each Q buffer, written by the producer (guarded by q_empties like the buffer)
+        rstd_bufs = tlx.local_alloc((BLOCK_M_SPLIT, 8), tl.float32, NUM_MMA_GROUPS * NUM_Q_BUFFERS)
+        rstd_fulls = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS * NUM_Q_BUFFERS, arrive_count=1)
     # empties: WARP_ARRIVE: every consumer thread arrives on its own (no warpgroup bar.sync before each release);
     # otherwise one elected thread per consumer warpgroup arrives, after a warpgroup barrier
     if WARP_ARRIVE:
@@ -368,6 +384,19 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                         tlx.barrier_expect_bytes(q_fulls[qi], 2 * BLOCK_M_SPLIT * HEAD_DIM)
                         tlx.async_descriptor_load(desc_q, q_tiles[qi],
                                                   [bh, start_m * BLOCK_M + cid * BLOCK_M_SPLIT, 0], q_fulls[qi])
+                    if RSTD_Q_PRODUCER:  # issued ~2 KV steps before the consumers finish the previous tile: the load
+                        # and these sums run while they do, before this tile's first K/V load (the ring is full)
+                        for cid in tl.static_range(0, NUM_MMA_GROUPS):
+                            qi = (it % NUM_Q_BUFFERS) * NUM_MMA_GROUPS + cid
+                            tlx.barrier_wait(q_fulls[qi], (it // NUM_Q_BUFFERS) & 1)
+                            ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
+                            for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
+                                qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0],
+                                                                    [BLOCK_M_SPLIT, RSTD_Q_CHUNK])).to(tl.float32)
+                                ss += tl.sum(qc * qc, 1)
+                            rstd_q = 1.0 / tl.sqrt(ss / HEAD_DIM + eps)
+                            tlx.local_store(rstd_bufs[qi], tl.broadcast_to(rstd_q[:, None], [BLOCK_M_SPLIT, 8]))
+                            tlx.barrier_arrive(rstd_fulls[qi], 1)
                     tile += tl.num_programs(0)
                 else:  # per-(batch, head) descriptors [S, D]
                     desc_q = tl.make_tensor_descriptor(Q + q_off, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
@@ -457,7 +486,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     if K_PREPASS:
                         rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
                     s_scale = qk_scale
-                    if LAZY_Q and PROBE_RSTD_Q == 1:  # timing ablation: no rstd_q at all (a per-row scale of 1; the
+                    if RSTD_Q_PRODUCER:  # rstd_q from the producer: one read, in the accumulator's row layout
+                        tlx.barrier_wait(rstd_fulls[qi], q_phase)
+                        s_scale = tl.max(tlx.local_load(rstd_bufs[qi], layout=RSTD_ROWS_LAYOUT), 1) * qk_scale
+                    elif LAZY_Q and PROBE_RSTD_Q == 1:  # timing ablation: no rstd_q at all (a per-row scale of 1; the
                         # kernel then computes plain attention of q against k_n)
                         s_scale = tl.full([BLOCK_M_SPLIT], 1.0, tl.float32) * qk_scale
                     elif LAZY_Q and PROBE_RSTD_Q == 2:
@@ -483,7 +515,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     col_scale = qk_scale
                     if K_PREPASS:
                         col_scale = rstd_k * qk_scale
-                    if LAZY_Q and not LAZY_Q_EARLY and PROBE_RSTD_Q == 0:  # cooperative: while the first QKᵀ wgmma reads the same tile
+                    if LAZY_Q and not LAZY_Q_EARLY and PROBE_RSTD_Q == 0 and not RSTD_Q_PRODUCER:  # cooperative: while the first QKᵀ wgmma reads the same tile
                         # (the block above, repeated: a jit helper can neither take nor return a tensor of a pinned
                         # tlx.layout - the call's signature carries no layout - so it stays inline)
                         ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
@@ -677,7 +709,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
               K_MATERIALIZED=materialize, PIPELINE=cfg.PIPELINE, PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
               WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT, LAZY_Q=cfg.LAZY_Q and norms,
-              LAZY_Q_EARLY=cfg.PINGPONG, PDL=pdl, launch_pdl=pdl,
+              LAZY_Q_EARLY=cfg.PINGPONG, RSTD_Q_PRODUCER=cfg.RSTD_Q_PRODUCER and norms, PDL=pdl, launch_pdl=pdl,
               num_warps=4, num_stages=1)
     return o, launches, kw, pre
 

@@ -44,9 +44,13 @@ import fna_llm_compile as C  # noqa: E402  (tests/tlx/fna_llm_compile.py)
 ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
        for c in yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/tiling/fna_llm_h200.yaml")
                                .read_text())["tlx"]}
-LAZY = {n: c for n, c in ALL.items() if c.get("LAZY_Q") and not c.get("PDL")}
+LAZY = {n: c for n, c in ALL.items() if c.get("LAZY_Q") and not c.get("PDL") and not c.get("RSTD_Q_PRODUCER")}
 assert set(LAZY) == {"bn128-buf2-pipe-pingpong-lpt-mat-lazyq", "bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                      "bn128-buf2-pipe-coop-persist-mat-lazyq"}, LAZY
+PRODQ = {n: c for n, c in ALL.items() if c.get("RSTD_Q_PRODUCER")}  # each a LAZY entry plus "-prodq"
+assert set(PRODQ) == {f"{n}-prodq" for n in ("bn128-buf2-pipe-pingpong-persist-mat-lazyq",
+                                             "bn128-buf2-pipe-coop-persist-mat-lazyq")}, PRODQ
+assert all(PRODQ[n] == {**LAZY[n[:-len("-prodq")]], "RSTD_Q_PRODUCER": True} for n in PRODQ)
 PDL = {n: c for n, c in ALL.items() if c.get("PDL")}  # each the same entry without PDL plus "-pdl"
 assert set(PDL) == {f"{n}-pdl" for n in ("bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                                          "bn128-buf2-pipe-coop-persist-mat-lazyq",
@@ -103,6 +107,22 @@ def test_probe_rstd_q_ablations_compile():
     assert spill <= 8 and not in_loop, (spill, in_loop)
 
 
+@pytest.mark.parametrize("name", list(PRODQ))
+@pytest.mark.parametrize("causal", [True, False])
+def test_prodq_configs_compile(name, causal):
+    """``RSTD_Q_PRODUCER``: the consumers read rstd_q back in the accumulator's row layout — their KV loops keep the
+    plain attention's instruction counts (measured: equal non-causal, +2 causal), no new spills; the producer's sums of squares put the
+    shared-memory reads there; attention ignores the option."""
+    cfg = PRODQ[name]
+    fused, attn, twin = C.ptx(cfg, True, causal), C.ptx(cfg, False, causal), C.ptx(LAZY[name[:-6]], True, causal)
+    la, lf = C.sass_loops(attn), C.sass_loops(fused)
+    assert all(abs(f - a) <= 4 for f, a in zip(lf[:2], la[:2])), (lf, la)  # the two consumer warpgroups' KV loops
+    spill, in_loop = C.sass_spills(fused)
+    assert spill <= 8 and not in_loop, (spill, in_loop)
+    assert spill <= C.sass_spills(twin)[0]
+    assert ptx_code(attn) == ptx_code(C.ptx({**cfg, "RSTD_Q_PRODUCER": False}, False, causal))
+
+
 def test_lazyq_config_validation():
     with pytest.raises(ValueError, match="LAZY_Q"):
         K.TilingConfig(LAZY_Q=1)
@@ -111,6 +131,12 @@ def test_lazyq_config_validation():
     with pytest.raises(ValueError, match="LAZY_Q needs PIPELINE"):
         K.TilingConfig(LAZY_Q=True, PIPELINE=True, K_NORM="prepass")
     assert not K.TilingConfig().LAZY_Q
+    for bad in (dict(LAZY_Q=True, PIPELINE=True, K_NORM="materialize", RSTD_Q_PRODUCER=True),  # not PERSISTENT
+                dict(PIPELINE=True, PERSISTENT=True, K_NORM="materialize", RSTD_Q_PRODUCER=True)):  # not LAZY_Q
+        with pytest.raises(ValueError, match="RSTD_Q_PRODUCER needs LAZY_Q and PERSISTENT"):
+            K.TilingConfig(**bad)
+    with pytest.raises(ValueError, match="RSTD_Q_PRODUCER must be a bool"):
+        K.TilingConfig(RSTD_Q_PRODUCER="yes")
     C.launch({**LAZY["bn128-buf2-pipe-coop-persist-mat-lazyq"]}, norms=True)  # valid
 
 
@@ -150,6 +176,22 @@ def test_lazyq_configs_shapes_gpu(name):
     row is finite), o_norm; D = 64; Hq = Hkv."""
     bad = check_odd_shapes(LAZY[name])
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(PRODQ))
+def test_prodq_configs_gpu(name):
+    """The ``-prodq`` entries at the odd shapes (ragged S: zero Q rows past S get a finite rstd_q from the
+    producer too) and against their consumer-side twins at S = 2048, B = 2: the same math, the sums of squares
+    only added in another order (within the flash tolerance of each other)."""
+    bad = check_odd_shapes(PRODQ[name])
+    assert not bad, "\n".join(bad)
+    inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=9)
+    for causal in (True, False):
+        out, twin = run("fused", inp, causal, PRODQ[name]), run("fused", inp, causal, LAZY[name[:-6]])
+        r = T.check("fused", out, inp, 1e-6, "causal" if causal else "noncausal")
+        assert r["ok"], r
+        assert (out.float() - twin.float()).abs().max().item() <= r["tol"]
 
 
 @pytest.mark.gpu
