@@ -47,7 +47,10 @@ Hopper FA tutorials shipped with fbtriton (``tlx/tutorials/hopper_fa_ws*.py``):
     the ping-pong kernels lost 13-32 % against normalize-and-store at S >= 4096 (persistent: non-causal only) —
     read as a shift of the two warpgroups' phase, not profiled —; computed before the first QKᵀ, the persistent
     ping-pong form is the fastest fused kernel in 10 of the 20 fna_llm cells; so ``LAZY_Q_EARLY = PINGPONG``
-    (``tools/fna_llm_lazyq_probe.py``, results/fna_llm_lazyq/);
+    (``tools/fna_llm_lazyq_probe.py``, results/fna_llm_lazyq/). ``RSTD_Q_PRODUCER`` (persistent only) moves the
+    sums of squares to the producer warpgroup, which writes rstd_q to shared memory once the Q tile has landed
+    (``RSTD_ROWS_LAYOUT`` reads it back in the accumulator's row layout): the consumers' tile prologue was most of
+    the fused kernel's extra time over its own attention (``tools/fna_llm_breakdown_probe.py --ablations``);
   - epilogue: ``acc / l``, optional output RMSNorm, masked pointer store.
 * **Order** (``LPT``, causal only): the CTA index is remapped so that the heaviest Q tiles (the last ones, with
   the longest KV prefix) of every (batch, head) of the launch are dispatched first (longest-processing-time first,
@@ -145,8 +148,9 @@ Q_ROWS_LAYOUT = tl.constexpr(tlx.layout(shape=((4, 8, 4), (2, 2, 4)), stride=((2
 # accumulator's own layout restricted to 8 columns (Q_ROWS_LAYOUT's pattern); the max over a row is the value, in
 # the accumulator's row layout. Loaded as 1-D, [64, 1] or [64, 4] (a layout that is not the accumulator's), the
 # compiler moved the whole softmax to the loaded layout (seen in the TTGIR of a CPU compile)
+RSTD_Q_COLS = tl.constexpr(8)  # the block's columns: the layout's column bits (2 per lane quad x 4 quads) span 8
 RSTD_ROWS_LAYOUT = tl.constexpr(tlx.layout(shape=((4, 8, 4), (2, 2)), stride=((2, 8, 128), (1, 64))))
-RSTD_Q_CHUNK = tl.constexpr(16)  # columns per shared-memory read of the producer's rstd_q (it runs with 40 registers per thread)
+RSTD_Q_CHUNK = tl.constexpr(16)  # columns per shared-memory read of the producer's sums (40 registers per thread)
 
 
 @dataclass(frozen=True)
@@ -197,7 +201,8 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(f"PINGPONG must be a bool, got {self.PINGPONG!r}")
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
-        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q", "RSTD_Q_PRODUCER", "PDL"):
+        for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q", "RSTD_Q_PRODUCER",
+                     "PDL"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.PINGPONG_PV and not (self.PIPELINE and self.PINGPONG):
@@ -344,7 +349,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
     if PERSISTENT:  # Q buffer (q buffer, warpgroup) released by its consumer warpgroup once its last QKᵀ is done
         q_empties = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS * NUM_Q_BUFFERS, arrive_count=1)
     if RSTD_Q_PRODUCER:  # rstd_q of each Q buffer, written by the producer (guarded by q_empties like the buffer)
-        rstd_bufs = tlx.local_alloc((BLOCK_M_SPLIT, 8), tl.float32, NUM_MMA_GROUPS * NUM_Q_BUFFERS)
+        rstd_bufs = tlx.local_alloc((BLOCK_M_SPLIT, RSTD_Q_COLS), tl.float32, NUM_MMA_GROUPS * NUM_Q_BUFFERS)
         rstd_fulls = tlx.alloc_barriers(num_barriers=NUM_MMA_GROUPS * NUM_Q_BUFFERS, arrive_count=1)
     # empties: WARP_ARRIVE: every consumer thread arrives on its own (no warpgroup bar.sync before each release);
     # otherwise one elected thread per consumer warpgroup arrives, after a warpgroup barrier
@@ -395,7 +400,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                                                                     [BLOCK_M_SPLIT, RSTD_Q_CHUNK])).to(tl.float32)
                                 ss += tl.sum(qc * qc, 1)
                             rstd_q = 1.0 / tl.sqrt(ss / HEAD_DIM + eps)
-                            tlx.local_store(rstd_bufs[qi], tl.broadcast_to(rstd_q[:, None], [BLOCK_M_SPLIT, 8]))
+                            tlx.local_store(rstd_bufs[qi],
+                                            tl.broadcast_to(rstd_q[:, None], [BLOCK_M_SPLIT, RSTD_Q_COLS]))
                             tlx.barrier_arrive(rstd_fulls[qi], 1)
                     tile += tl.num_programs(0)
                 else:  # per-(batch, head) descriptors [S, D]
@@ -494,8 +500,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                         s_scale = tl.full([BLOCK_M_SPLIT], 1.0, tl.float32) * qk_scale
                     elif LAZY_Q and PROBE_RSTD_Q == 2:
                         s_scale = rstd_q * qk_scale
-                    elif LAZY_Q and LAZY_Q_EARLY:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared memory
-                        # (32-column slices, fp32; γq is in k_n). LAZY_Q_EARLY (= PINGPONG): before the tile's first
+                    elif LAZY_Q and LAZY_Q_EARLY:  # Lazy Pre-Norm on QKᵀ's rows: rstd_q from the Q tile in shared
+                        # memory (32-column slices, fp32; γq is in k_n). LAZY_Q_EARLY (= PINGPONG): before the tile's first
                         # QKᵀ, outside the ping-pong turn (computed while the first QKᵀ runs, the ping-pong kernels
                         # lost 13-32 % at S >= 4096; tools/fna_llm_lazyq_probe.py)
                         ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
@@ -515,9 +521,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     col_scale = qk_scale
                     if K_PREPASS:
                         col_scale = rstd_k * qk_scale
-                    if LAZY_Q and not LAZY_Q_EARLY and PROBE_RSTD_Q == 0 and not RSTD_Q_PRODUCER:  # cooperative: while the first QKᵀ wgmma reads the same tile
-                        # (the block above, repeated: a jit helper can neither take nor return a tensor of a pinned
-                        # tlx.layout - the call's signature carries no layout - so it stays inline)
+                    if LAZY_Q and not LAZY_Q_EARLY and PROBE_RSTD_Q == 0 and not RSTD_Q_PRODUCER:  # cooperative:
+                        # while the first QKᵀ wgmma reads the same tile (the block above, repeated: a jit helper can
+                        # neither take nor return a tensor of a pinned tlx.layout - the call's signature carries no
+                        # layout - so it stays inline)
                         ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
                         for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
                             qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, D_CHUNK]),

@@ -41,10 +41,11 @@ CFGS = {c["name"]: {k: v for k, v in c.items() if k != "name"} for c in shipped_
 SHAPES = [(1024, 1, False), (2048, 1, False), (4096, 1, False), (4096, 8, True)]  # S, B, causal
 
 
-def parts(inp, causal: bool, cfg: dict) -> dict:
-    """Zero-argument callables of every part (see the module docstring)."""
+def parts(inp, causal: bool, cfg: dict) -> tuple[tuple, dict]:
+    """The fused op's launch plan (``K._prepare``'s ``(o, launches, kwargs, pre-pass)``, its k_n written once, for
+    ``ablations``) and zero-argument callables of every part (see the module docstring)."""
     q, k, v, qw, kw = inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"]
-    o, launches, kwc, pre = K._prepare(q, k, v, qw, kw, None, causal, 1e-6, cfg, True)
+    plan = _, launches, kwc, pre = K._prepare(q, k, v, qw, kw, None, causal, 1e-6, cfg, True)
     pre_kernel, pre_args, pre_grid, pre_kw = pre
     pre_kernel[pre_grid](*pre_args, **pre_kw)  # k_n written once: fused_attn then reads it
 
@@ -56,23 +57,19 @@ def parts(inp, causal: bool, cfg: dict) -> dict:
 
     D = q.shape[-1]
     eager = lambda x, w: torch.nn.functional.rms_norm(x, (D,), w, 1e-6)  # noqa: E731
-    return {"prepass": prepass, "fused_attn": fused_attn,
-            "fused": lambda: K.qknorm_attention(q, k, v, qw, kw, causal=causal, config=cfg),
-            "attn": lambda: K.attention(q, k, v, causal=causal, config=cfg),
-            "sdpa": T.baseline("sdpa", inp, 1e-6, "causal" if causal else "noncausal"),
-            "norm_q_eager": lambda: eager(q, qw), "norm_k_eager": lambda: eager(k, kw)}
+    return plan, {"prepass": prepass, "fused_attn": fused_attn,
+                  "fused": lambda: K.qknorm_attention(q, k, v, qw, kw, causal=causal, config=cfg),
+                  "attn": lambda: K.attention(q, k, v, causal=causal, config=cfg),
+                  "sdpa": T.baseline("sdpa", inp, 1e-6, "causal" if causal else "noncausal"),
+                  "norm_q_eager": lambda: eager(q, qw), "norm_k_eager": lambda: eager(k, kw)}
 
 
-def ablations(inp, causal: bool, cfg: dict) -> tuple[dict, dict]:
-    """``(callables, checks)`` of the ``--ablations`` variants (module docstring): each callable returns its output;
-    ``checks[name] = (impl for T.check, inputs)`` says what it must equal."""
-    if not cfg.get("LAZY_Q"):
-        raise ValueError("--ablations needs a LAZY_Q config (PROBE_RSTD_Q ablates the Lazy Pre-Norm rstd_q)")
-    q, k, v, qw, kw = inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"]
-    o, launches, kwc, pre = K._prepare(q, k, v, qw, kw, None, causal, 1e-6, cfg, True)
-    pre_kernel, pre_args, pre_grid, pre_kw = pre
-    pre_kernel[pre_grid](*pre_args, **pre_kw)
-    k_n = pre_args[2]
+def ablations(inp, causal: bool, cfg: dict, plan: tuple) -> tuple[dict, dict]:
+    """``(callables, checks)`` of the ``--ablations`` variants (module docstring) on ``parts``' launch plan: each
+    callable returns its output; ``checks[name] = (impl for T.check, inputs)`` says what it must equal."""
+    q, v = inp["q"], inp["v"]
+    o, launches, kwc, pre = plan
+    k_n = pre[1][2]  # the pre-pass's output (_k_norm_kernel's args: k, k_weight, k_n, ...), written by parts
     (args, grid), = launches  # PERSISTENT: one launch; RSTD_K (index 7) is unused with K_NORM = materialize
     rq_pre, rstd_q, _ = k_prepass(q, None, 1e-6, "prepass")
     rq_kernel, rq_args, rq_grid, rq_kw = rq_pre
@@ -108,14 +105,17 @@ def main():
     if args.config not in CFGS:
         ap.error(f"--config {args.config!r} is not a TLX entry of configs/tiling/fna_llm_h200.yaml")
     cfg = CFGS[args.config]
+    if args.ablations and (not (cfg.get("LAZY_Q") and cfg.get("PERSISTENT")) or cfg.get("RSTD_Q_PRODUCER")):
+        ap.error("--ablations needs a PERSISTENT LAZY_Q config without RSTD_Q_PRODUCER (PROBE_RSTD_Q replaces the "
+                 "consumers' rstd_q; RSTD_Q_PRODUCER would take precedence over it)")
     rows = []
     for S, B, causal in SHAPES:
         variant = "causal" if causal else "noncausal"
         inp = T.make_inputs(S, B, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=S + B)
-        fns = parts(inp, causal, cfg)
+        plan, fns = parts(inp, causal, cfg)
         checks = {"fused": ("fused", inp), "attn": ("attention", inp)}
         if args.ablations:
-            extra, extra_checks = ablations(inp, causal, cfg)
+            extra, extra_checks = ablations(inp, causal, cfg, plan)
             fns.update(extra)
             checks.update(extra_checks)
         for name, (impl, ref_inp) in checks.items():  # correct before timed

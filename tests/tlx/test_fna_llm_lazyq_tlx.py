@@ -50,7 +50,7 @@ assert set(LAZY) == {"bn128-buf2-pipe-pingpong-lpt-mat-lazyq", "bn128-buf2-pipe-
 PRODQ = {n: c for n, c in ALL.items() if c.get("RSTD_Q_PRODUCER")}  # each a LAZY entry plus "-prodq"
 assert set(PRODQ) == {f"{n}-prodq" for n in ("bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                                              "bn128-buf2-pipe-coop-persist-mat-lazyq")}, PRODQ
-assert all(PRODQ[n] == {**LAZY[n[:-len("-prodq")]], "RSTD_Q_PRODUCER": True} for n in PRODQ)
+assert all(PRODQ[n] == {**LAZY[n.removesuffix("-prodq")], "RSTD_Q_PRODUCER": True} for n in PRODQ)
 PDL = {n: c for n, c in ALL.items() if c.get("PDL")}  # each the same entry without PDL plus "-pdl"
 assert set(PDL) == {f"{n}-pdl" for n in ("bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                                          "bn128-buf2-pipe-coop-persist-mat-lazyq",
@@ -111,10 +111,11 @@ def test_probe_rstd_q_ablations_compile():
 @pytest.mark.parametrize("causal", [True, False])
 def test_prodq_configs_compile(name, causal):
     """``RSTD_Q_PRODUCER``: the consumers read rstd_q back in the accumulator's row layout — their KV loops keep the
-    plain attention's instruction counts (measured: equal non-causal, +2 causal), no new spills; the producer's sums of squares put the
-    shared-memory reads there; attention ignores the option."""
+    plain attention's instruction counts (measured: equal non-causal, +2 causal), no new spills; the producer's sums
+    of squares put the shared-memory reads there; attention ignores the option."""
     cfg = PRODQ[name]
-    fused, attn, twin = C.ptx(cfg, True, causal), C.ptx(cfg, False, causal), C.ptx(LAZY[name[:-6]], True, causal)
+    fused, attn = C.ptx(cfg, True, causal), C.ptx(cfg, False, causal)
+    twin = C.ptx(LAZY[name.removesuffix("-prodq")], True, causal)
     la, lf = C.sass_loops(attn), C.sass_loops(fused)
     assert all(abs(f - a) <= 4 for f, a in zip(lf[:2], la[:2])), (lf, la)  # the two consumer warpgroups' KV loops
     spill, in_loop = C.sass_spills(fused)
@@ -188,7 +189,7 @@ def test_prodq_configs_gpu(name):
     assert not bad, "\n".join(bad)
     inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=9)
     for causal in (True, False):
-        out, twin = run("fused", inp, causal, PRODQ[name]), run("fused", inp, causal, LAZY[name[:-6]])
+        out, twin = run("fused", inp, causal, PRODQ[name]), run("fused", inp, causal, LAZY[name.removesuffix("-prodq")])
         r = T.check("fused", out, inp, 1e-6, "causal" if causal else "noncausal")
         assert r["ok"], r
         assert (out.float() - twin.float()).abs().max().item() <= r["tol"]
