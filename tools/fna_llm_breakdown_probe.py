@@ -8,7 +8,8 @@ norms of the runner's unfused baseline cannot run here: Inductor finds no GPU ba
 norms' share comes from the runner's paired runs (``T(sdpa_plus_norms) − T(sdpa)``). The fused op is checked
 against the fp32 reference first.
 
-``--ablations`` (``LAZY_Q`` configs) adds variants of the fused op's attention kernel that isolate its extra time
+``--ablations`` (``PERSISTENT`` ``LAZY_Q`` configs without ``RSTD_Q_PRODUCER``, whose producer-side rstd_q would
+override the ablation) adds variants of the fused op's attention kernel that isolate its extra time
 (the kernel's ``PROBE_RSTD_Q`` constexpr, never set by the library): ``attn_kn`` (the plain attention kernel on the
 fused kernel's data, raw q and k_n: the input effect), ``fused_attn_norstd`` (the fused kernel with no rstd_q, a
 per-row scale of 1: attention of q against k_n, checked as such), ``fused_attn_rstdload`` (rstd_q read from a
@@ -18,7 +19,9 @@ before it is timed; each cell's NVML clock / power samples are recorded. GPU onl
 
     python -m tools.fna_llm_breakdown_probe --out DIR [--config NAME] [--rounds 20] [--ablations]
 
-from the repository root, TLX environment on the path. Writes DIR/probe.json (every sample) and DIR/meta.json (commit,
+from the repository root, TLX environment on the path; set ``NORMFUSE_GIT_SHA=$(cat .normfuse_git_sha)`` on a GPU
+host whose copy of the tree carries a stale ``.git`` (``tools/device_run.sh`` does that for the sweeps), else
+meta.json records that ``.git``'s commit. Writes DIR/probe.json (every sample) and DIR/meta.json (commit,
 versions, GPU, config), prints a table (median µs)."""
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ def main():
     ap.add_argument("--config", default="bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                     help="a TLX entry of configs/tiling/fna_llm_h200.yaml")
     ap.add_argument("--rounds", type=int, default=20, help="paired rounds per cell")
-    ap.add_argument("--ablations", action="store_true", help="add the PROBE_RSTD_Q variants (LAZY_Q configs)")
+    ap.add_argument("--ablations", action="store_true",
+                    help="add the PROBE_RSTD_Q variants (PERSISTENT LAZY_Q configs without RSTD_Q_PRODUCER)")
     args = ap.parse_args()
     if args.config not in CFGS:
         ap.error(f"--config {args.config!r} is not a TLX entry of configs/tiling/fna_llm_h200.yaml")
@@ -108,6 +112,8 @@ def main():
     if args.ablations and (not (cfg.get("LAZY_Q") and cfg.get("PERSISTENT")) or cfg.get("RSTD_Q_PRODUCER")):
         ap.error("--ablations needs a PERSISTENT LAZY_Q config without RSTD_Q_PRODUCER (PROBE_RSTD_Q replaces the "
                  "consumers' rstd_q; RSTD_Q_PRODUCER would take precedence over it)")
+    if not torch.cuda.is_available():
+        ap.error("GPU only: the probe times TLX kernels on a CUDA device")
     rows = []
     for S, B, causal in SHAPES:
         variant = "causal" if causal else "noncausal"
