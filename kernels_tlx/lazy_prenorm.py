@@ -231,6 +231,9 @@ class TilingConfig(TilingConfigBase):
         MULTICAST_A, STORE_DEFER: the cluster form's options of the same names (``kernels_tlx.multi_cta``: A
             multicast across the cluster; output TMA store drained under the next tile's mainloop). Need
             CLUSTER_SIZE > 1.
+        TILES_PER_CTA: the cluster form's option of that name (two column tiles per CTA, the first parked in
+            shared memory); only ``matmul`` (the same-schedule GEMM of ``multi_cta``'s TILES_PER_CTA configs)
+            runs it, the Lazy Pre-Norm ops raise ValueError. Needs CLUSTER_SIZE > 1.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -251,6 +254,7 @@ class TilingConfig(TilingConfigBase):
     STATS_IN_PRODUCER: bool = False
     A_FROM_REGS: bool = False
     CLUSTER_SIZE: int = 1
+    TILES_PER_CTA: int = 1
     MULTICAST_A: bool = False
     STORE_DEFER: bool = False
 
@@ -297,8 +301,9 @@ class TilingConfig(TilingConfigBase):
             if self.REUSE_RSTD or self.stats_off_consumers or self.A_FROM_REGS or not self.LN_EPILOGUE_MMA:
                 errors.append("CLUSTER_SIZE > 1 (the cluster form) takes no REUSE_RSTD, STATS_*, A_FROM_REGS or "
                               "LN_EPILOGUE_MMA=False: its statistic is split across the cluster instead")
-        elif self.MULTICAST_A or self.STORE_DEFER:
-            errors.append("MULTICAST_A / STORE_DEFER are options of the cluster form: they need CLUSTER_SIZE > 1")
+        elif self.MULTICAST_A or self.STORE_DEFER or self.TILES_PER_CTA != 1:
+            errors.append("MULTICAST_A / STORE_DEFER / TILES_PER_CTA are options of the cluster form: they need "
+                          "CLUSTER_SIZE > 1")
         if self.STATS_WARPGROUP and self.STATS_IN_PRODUCER:
             errors.append("STATS_WARPGROUP and STATS_IN_PRODUCER are exclusive (who computes the statistics)")
         if self.STATS_WARPGROUP and self.BLOCK_N > 128:
@@ -322,7 +327,7 @@ class TilingConfig(TilingConfigBase):
             BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K, CLUSTER_SIZE=self.CLUSTER_SIZE,
             NUM_STAGES=self.NUM_STAGES, NUM_CONSUMERS=self.NUM_CONSUMERS, PERSISTENT=self.PERSISTENT,
             MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE, CONSUMER_REGS=self.CONSUMER_REGS,
-            STORE_DEFER=self.STORE_DEFER)
+            STORE_DEFER=self.STORE_DEFER, TILES_PER_CTA=self.TILES_PER_CTA)
 
     def supports(self, N: int) -> bool:
         """False only for the cluster form at an N its cluster does not exactly cover."""

@@ -226,6 +226,14 @@ class TilingConfig(TilingConfigBase):
             by named barriers 9 / 10, so one warpgroup's epilogue and DSMEM exchange run while the other's wgmma
             keeps the tensor cores busy. Bit-identical results (same per-row math). Not with MULTICAST_A. See
             "PINGPONG" in the module docstring.
+        TILES_PER_CTA: BLOCK_N-column tiles each CTA computes one after the other (1 or 2), so that a cluster of
+            half the size covers the row (c2 at N = 1024, c4 at 2048, BLOCK_N = 256). With 2, the first tile's
+            per-row partial statistics are taken from its fp32 accumulator, and the tile waits in shared memory
+            as the output dtype (the "parked" tile, [64, BLOCK_N] per consumer) while the second is computed; one
+            exchange per M-tile covers both. The parked buffer doubles as the output staging buffer, and its TMA
+            stores drain under the next mainloop (as STORE_DEFER, implied). RMSNorm, LayerNorm and ``matmul_cluster``
+            only; not with PINGPONG, MULTICAST_A, EPILOGUE_SUBTILE or STORE_DEFER. See "TILES_PER_CTA" in the
+            module docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -244,6 +252,7 @@ class TilingConfig(TilingConfigBase):
     LN_PACKED: bool = False
     STORE_DEFER: bool = False
     PINGPONG: bool = False
+    TILES_PER_CTA: int = 1
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -281,6 +290,16 @@ class TilingConfig(TilingConfigBase):
                               f"{self.NUM_CONSUMERS}")
             if self.MULTICAST_A:
                 errors.append("PINGPONG=True with MULTICAST_A=True is not implemented")
+        if self.TILES_PER_CTA not in (1, 2):
+            errors.append(f"TILES_PER_CTA={self.TILES_PER_CTA} must be 1 or 2 (a third parked [128, BLOCK_N] tile "
+                          "does not fit beside the ring in 227 KB)")
+        elif self.TILES_PER_CTA == 2:
+            clash = [k for k in ("PINGPONG", "MULTICAST_A", "EPILOGUE_SUBTILE", "STORE_DEFER") if getattr(self, k)]
+            if clash:
+                errors.append(f"TILES_PER_CTA=2 is not implemented with {', '.join(f'{k}=True' for k in clash)} "
+                              "(the parked tile is the staging buffer, its store already deferred)")
+            if self.CLUSTER_SIZE > 8:
+                errors.append(f"TILES_PER_CTA=2 needs CLUSTER_SIZE <= 8, got {self.CLUSTER_SIZE}")
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -330,25 +349,30 @@ class TilingConfig(TilingConfigBase):
         return errors
 
     def block_n(self, N: int) -> int:
-        """Columns per CTA for rows of N elements; ValueError (naming the limit) if this config cannot serve N:
-        the cluster must cover the row (``CLUSTER_SIZE * BLOCK_N >= N``; at most 8 * 256 = 2048 columns with
-        portable clusters, 16 * 256 = 4096 non-portable) and every rank must own a column."""
-        C = self.CLUSTER_SIZE
+        """Columns per CTA tile for rows of N elements; ValueError (naming the limit) if this config cannot serve
+        N: the cluster must cover the row (``CLUSTER_SIZE * TILES_PER_CTA * BLOCK_N >= N``; at most 8 * 256 = 2048
+        columns with portable clusters and one tile per CTA, 4096 with 16 CTAs or two tiles) and every rank must
+        own a column."""
+        C, T = self.CLUSTER_SIZE, self.TILES_PER_CTA
         if self.BLOCK_N is not None:
             bn = self.BLOCK_N
         else:
-            bn = max(MIN_BLOCK_N, triton.next_power_of_2(triton.cdiv(N, C)))
-        if bn > MAX_BLOCK_N or C * bn < N:
+            bn = max(MIN_BLOCK_N, triton.next_power_of_2(triton.cdiv(N, C * T)))
+        if bn > MAX_BLOCK_N or C * T * bn < N:
+            bn_c = min(bn, MAX_BLOCK_N)
+            span = f"CLUSTER_SIZE * BLOCK_N = {C} * {bn_c}" if T == 1 else \
+                f"CLUSTER_SIZE * TILES_PER_CTA * BLOCK_N = {C} * {T} * {bn_c}"
             raise ValueError(
-                f"N={N} is too wide for this config: the cluster covers CLUSTER_SIZE * BLOCK_N = {C} * "
-                f"{min(bn, MAX_BLOCK_N)} = {C * min(bn, MAX_BLOCK_N)} columns (BLOCK_N <= {MAX_BLOCK_N}; the limit "
-                f"is N <= {8 * MAX_BLOCK_N} with portable clusters of 8 and N <= {16 * MAX_BLOCK_N} with 16): use a "
-                f"larger CLUSTER_SIZE")
-        if triton.cdiv(N, bn) != C:
+                f"N={N} is too wide for this config: the cluster covers {span} = {C * T * bn_c} columns (BLOCK_N <= "
+                f"{MAX_BLOCK_N}; the limit is N <= {8 * MAX_BLOCK_N} with portable clusters of 8 and N <= "
+                f"{16 * MAX_BLOCK_N} with 16 or with TILES_PER_CTA=2): use a larger CLUSTER_SIZE or TILES_PER_CTA")
+        if triton.cdiv(N, T * bn) != C:
+            used = triton.cdiv(N, T * bn)
+            per = "BLOCK_N" if T == 1 else "TILES_PER_CTA * BLOCK_N"
             raise ValueError(
-                f"N={N} with CLUSTER_SIZE={C}, BLOCK_N={bn}: only cdiv(N, BLOCK_N) = {triton.cdiv(N, bn)} ranks own "
-                f"columns, ranks {triton.cdiv(N, bn)}..{C - 1} would idle: use CLUSTER_SIZE={triton.cdiv(N, bn)} "
-                f"or a smaller BLOCK_N")
+                f"N={N} with CLUSTER_SIZE={C}, BLOCK_N={bn}{'' if T == 1 else f', TILES_PER_CTA={T}'}: only "
+                f"cdiv(N, {per}) = {used} ranks own columns, ranks {used}..{C - 1} would idle: use "
+                f"CLUSTER_SIZE={used} or a smaller BLOCK_N")
         errors = self._n_independent_fit(bn)
         if errors:
             raise ValueError(f"invalid TilingConfig for N={N}: " + "; ".join(errors))
@@ -391,6 +415,13 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "c1_pp": TilingConfig(CLUSTER_SIZE=1, STORE_DEFER=True, PINGPONG=True),
     "c2_pp": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, PINGPONG=True),
     "c16_pp": TilingConfig(CLUSTER_SIZE=16, STORE_DEFER=True, PINGPONG=True),
+    # TILES_PER_CTA=2: two 256-wide column tiles per CTA, the first parked in shared memory, so a cluster half
+    # the size covers the row: c2 at N = 1024, c4 at 2048, c8 at 4096 (portable); c1 (no cluster, N <= 512) for
+    # the self-check. RMSNorm runs the same kernels without LN_PACKED.
+    "c1_t2": TilingConfig(CLUSTER_SIZE=1, TILES_PER_CTA=2),
+    "c2_t2_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, LN_PACKED=True),
+    "c4_t2_lnpack": TilingConfig(CLUSTER_SIZE=4, TILES_PER_CTA=2, LN_PACKED=True),
+    "c8_t2_lnpack": TilingConfig(CLUSTER_SIZE=8, TILES_PER_CTA=2, LN_PACKED=True),
 }
 
 
@@ -493,6 +524,41 @@ def _ln_partials_full(acc, ROWS: tl.constexpr, WIDTH: tl.constexpr):
 
 
 @triton.jit
+def _ln_partials(acc, off, N, n, ROWS: tl.constexpr, WIDTH: tl.constexpr, EVEN: tl.constexpr):
+    """LayerNorm partials of one [ROWS, WIDTH] fp32 tile at column ``off`` with ``n`` valid columns (0 allowed:
+    then (0, 0)): ``(sum, sum over valid columns of (x - sum / n)^2)``; EVEN (every column valid, n == WIDTH, a
+    power of 2): unmasked, ``1 / WIDTH`` exact. TILES_PER_CTA == 2 only (the one-tile kernel keeps its inline
+    forms, unchanged builds)."""
+    p0 = tl.sum(acc, axis=1)
+    if EVEN:
+        d = acc - (p0 * (1.0 / WIDTH))[:, None]
+    else:
+        ok = (off + tl.arange(0, WIDTH)) < N
+        d = tl.where(ok[None, :], acc - (p0 / tl.maximum(n, 1))[:, None], 0.0)
+    return p0, tl.sum(d * d, axis=1)
+
+
+@triton.jit
+def _chan_merge(s0, m0, n0, s1, m1, n1, WIDTH: tl.constexpr, EVEN: tl.constexpr):
+    """Chan's merge of two column tiles' (sum, centred sum of squares) with n0 >= 1 and n1 >= 0 valid columns:
+    ``(s0 + s1, m0 + m1 + n0 (s0/n0 - mean)^2 + n1 (s1/n1 - mean)^2)``, mean = (s0 + s1) / (n0 + n1) (a tile
+    with n1 = 0 adds exactly 0: its sums are 0 and its weight is 0). EVEN: n0 = n1 = WIDTH, divisions exact."""
+    if EVEN:
+        a0 = s0 * (1.0 / WIDTH)
+        a1 = s1 * (1.0 / WIDTH)
+        mean = (s0 + s1) * (0.5 / WIDTH)
+        d0 = a0 - mean
+        d1 = a1 - mean
+        return s0 + s1, m0 + m1 + WIDTH * (d0 * d0 + d1 * d1)
+    f0 = n0.to(tl.float32)
+    f1 = n1.to(tl.float32)
+    mean = (s0 + s1) / (f0 + f1)
+    d0 = s0 / f0 - mean
+    d1 = s1 / tl.maximum(f1, 1.0) - mean
+    return s0 + s1, m0 + m1 + f0 * d0 * d0 + f1 * d1 * d1
+
+
+@triton.jit
 def _multi_cta_norm_kernel(
     a_desc,  # TMA descriptor of A [M, K], block [64 (/ C with MULTICAST_A), BLOCK_K]
     b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
@@ -523,8 +589,10 @@ def _multi_cta_norm_kernel(
     PINGPONG: tl.constexpr = False,  # TilingConfig.PINGPONG
     a_ptr=None,  # "lazy_layer": A [M, K] itself, for the per-row shift A[:, 0]
     EVEN_K: tl.constexpr = False,  # "lazy_layer": K % BLOCK_K == 0 (no K-tail mask in the shifted sums)
+    TILES: tl.constexpr = 1,  # TilingConfig.TILES_PER_CTA: BLOCK_N tiles per CTA, computed one after the other
 ):
     C: tl.constexpr = CLUSTER_SIZE
+    W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup (64)
     A_ROWS: tl.constexpr = BM_C // C if MULTICAST_A else BM_C  # rows of one A TMA box
     DT: tl.constexpr = tlx.dtype_of(a_desc)
@@ -561,8 +629,9 @@ def _multi_cta_norm_kernel(
             # slot ((b * NUM_CONSUMERS + cid) * NSTAT + stat) * C + r receives rank r's partial
             slots = tlx.local_alloc((BM_C, ), tl.float32, NB * NUM_CONSUMERS * NSTAT * C)
         recv_bars = tlx.alloc_barriers(num_barriers=NB * NUM_CONSUMERS, arrive_count=1)
-    if STORE_DEFER:
-        out_bufs = tlx.local_alloc((BM_C, BLOCK_N), tlx.dtype_of(c_desc), NUM_CONSUMERS)  # output staging
+    if STORE_DEFER or TILES > 1:
+        # output staging; TILES == 2: also the parked first tile (module docstring, "TILES_PER_CTA")
+        out_bufs = tlx.local_alloc((BM_C, BLOCK_N), tlx.dtype_of(c_desc), NUM_CONSUMERS)
     if C > 1:
         # make the mbarrier inits visible cluster-wide; the rendezvous itself is the first statement of every task
         tlx.fence_mbarrier_init_cluster()
@@ -583,7 +652,7 @@ def _multi_cta_norm_kernel(
             num_clusters = tl.num_programs(0) // C
             num_pid_m = tl.cdiv(M, BLOCK_M)
             k_tiles = tl.cdiv(K, BLOCK_K)
-            off_n = rank * BLOCK_N
+            off_n = rank * W
             it = 0
             for pid_m in range(cluster_id, num_pid_m, num_clusters):
                 off_m = pid_m * BLOCK_M
@@ -600,7 +669,13 @@ def _multi_cta_norm_kernel(
                             tlx.async_descriptor_load(b_desc, b_bufs[s], [ki * BLOCK_K, off_n], full_bars[s])
                             it += 1
                 else:
-                    for ki in range(0, k_tiles):
+                    for kt in range(0, k_tiles * TILES):  # TILES == 2: this CTA's first column tile, then its second
+                        if TILES > 1:
+                            ki = kt % k_tiles
+                            off_nb = off_n + (kt // k_tiles) * BLOCK_N
+                        else:
+                            ki = kt
+                            off_nb = off_n
                         s = it % NUM_STAGES
                         phase = (it // NUM_STAGES) & 1
                         tlx.barrier_wait(empty_bars[s], phase ^ 1)  # first use of a slot passes at once
@@ -630,7 +705,7 @@ def _multi_cta_norm_kernel(
                                 a_row = tl.minimum(off_m + c * BM_C, M - 1)
                                 tlx.async_descriptor_load(a_desc, a_bufs[c * NUM_STAGES + s], [a_row, off_k],
                                                           full_bars[s])
-                        tlx.async_descriptor_load(b_desc, b_bufs[s], [off_k, off_n], full_bars[s])
+                        tlx.async_descriptor_load(b_desc, b_bufs[s], [off_k, off_nb], full_bars[s])
                         it += 1
             if C > 1:
                 tlx.cluster_barrier()  # exit rendezvous (module docstring)
@@ -647,10 +722,12 @@ def _multi_cta_norm_kernel(
             num_clusters = tl.num_programs(0) // C
             num_pid_m = tl.cdiv(M, BLOCK_M)
             k_tiles = tl.cdiv(K, BLOCK_K)
-            off_n = rank * BLOCK_N
-            cols = off_n + tl.arange(0, BLOCK_N)
+            off_n = rank * W
+            off_nt = off_n + (TILES - 1) * BLOCK_N  # the register tile's columns (TILES == 2: the second tile)
+            cols = off_nt + tl.arange(0, BLOCK_N)
             col_ok = cols < N
-            n_local = tl.minimum(N - off_n, BLOCK_N)  # columns this rank owns (>= 1: TilingConfig.block_n)
+            n_local = tl.minimum(N - off_n, BLOCK_N)  # columns of this rank's first tile (>= 1: TilingConfig.block_n)
+            PARK_CHUNK: tl.constexpr = 64 if BLOCK_N > 64 else BLOCK_N  # parked-tile columns normalized at a time
             if PINGPONG:
                 it = cid * k_tiles  # ring steps: consumer 0's k_tiles, then consumer 1's, per M-tile
                 if cid == 1:
@@ -660,7 +737,39 @@ def _multi_cta_norm_kernel(
             t = 0  # tiles done by this consumer: selects the exchange buffer and its phase
             for pid_m in range(cluster_id, num_pid_m, num_clusters):
                 off_cm = pid_m * BLOCK_M + cid * BM_C
-                acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
+                if TILES > 1:
+                    # the first column tile (plain mainloop: TILES == 2 excludes the Lazy, PINGPONG and multicast
+                    # variants), its fp32 partial statistics, then parked in out_bufs[cid] as the output dtype
+                    acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
+                    s_prev = 0
+                    for ki in range(0, k_tiles):
+                        s = it % NUM_STAGES
+                        tlx.barrier_wait(full_bars[s], (it // NUM_STAGES) & 1)
+                        acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
+                        acc = tlx.async_dot_wait(1, acc)
+                        if ki > 0:
+                            tlx.barrier_arrive(empty_bars[s_prev])
+                        s_prev = s
+                        it += 1
+                    acc = tlx.async_dot_wait(0, acc)
+                    tlx.barrier_arrive(empty_bars[s_prev])
+                    # the previous M-tile's last store has finished reading out_bufs[cid] (it drained during the
+                    # mainloop above); waited for before the statistics, as STORE_DEFER does
+                    tlx.async_descriptor_store_wait(0)
+                    if NORM == "rms":
+                        f0 = tl.sum(acc * acc, axis=1)
+                    elif NORM == "layer":
+                        f0, f1 = _ln_partials(acc, off_n, N, n_local, BM_C, BLOCK_N, EVEN_N)
+                    tlx.local_store(out_bufs[cid], acc.to(tlx.dtype_of(c_desc)))
+                    if NORM == "none":  # no statistic to wait for: store the first tile now
+                        tlx.fence("async_shared")
+                        if off_cm < M:
+                            tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
+                    # the second tile's accumulator starts at 0 in the first's registers (a select on a condition
+                    # that is false at run time, K < 0: with a zero constant ptxas spills the zeros)
+                    acc = tl.where(K < 0, acc, 0.0)
+                else:
+                    acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
                 if LAZY:
                     ss = tl.zeros([BM_C], dtype=tl.float32)
                 if LAZY_LN:
@@ -728,11 +837,17 @@ def _multi_cta_norm_kernel(
                     # 1. per-row partials of this CTA's columns (TMA zero-filled acc past N: adds nothing)
                     if NORM == "rms":
                         p0 = tl.sum(acc * acc, axis=1)
+                        if TILES > 1:
+                            p0 += f0
                     elif LAZY:
                         p0 = ss
                     elif LAZY_LN:
                         p0 = s1
                         p1 = s2
+                    elif TILES > 1:  # Chan's merge of this CTA's two tiles (the second may lie past N: n1 = 0)
+                        n1 = tl.minimum(tl.maximum(N - off_nt, 0), BLOCK_N)
+                        r0, r1 = _ln_partials(acc, off_nt, N, n1, BM_C, BLOCK_N, EVEN_N)
+                        p0, p1 = _chan_merge(f0, f1, n_local, r0, r1, n1, BLOCK_N, EVEN_N)
                     elif LN_PACKED and EVEN_N:
                         p0, p1 = _ln_partials_full(acc, BM_C, BLOCK_N)
                     else:
@@ -760,17 +875,17 @@ def _multi_cta_norm_kernel(
                             q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
                             total += q0
                         if EVEN_N:
-                            mean = total * (1.0 / (C * BLOCK_N))  # N == C * BLOCK_N (powers of 2: exact)
+                            mean = total * (1.0 / (C * W))  # N == C * W (powers of 2: exact)
                         else:
                             mean = total / N
                         m2 = tl.zeros([BM_C], dtype=tl.float32)
                         for r in tl.static_range(C):
                             q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
                             if EVEN_N:
-                                dm = q0 * (1.0 / BLOCK_N) - mean
-                                m2 += q1 + BLOCK_N * dm * dm
+                                dm = q0 * (1.0 / W) - mean
+                                m2 += q1 + W * dm * dm
                             else:
-                                n_r = tl.minimum(N - r * BLOCK_N, BLOCK_N).to(tl.float32)
+                                n_r = tl.minimum(N - r * W, W).to(tl.float32)
                                 dm = q0 / n_r - mean
                                 m2 += q1 + n_r * dm * dm
                         rstd = tl.math.rsqrt(m2 / N + eps)
@@ -813,7 +928,7 @@ def _multi_cta_norm_kernel(
                             mean = total / N
                             m2 = tl.zeros([BM_C], dtype=tl.float32)
                             for r in tl.static_range(C):  # Chan's merge of (n_r, mean_r, M2_r)
-                                n_r = tl.minimum(N - r * BLOCK_N, BLOCK_N).to(tl.float32)
+                                n_r = tl.minimum(N - r * W, W).to(tl.float32)
                                 dm = tlx.local_load(slots[base + r]) / n_r - mean
                                 m2 += tlx.local_load(slots[base + C + r]) + n_r * dm * dm
                             rstd = tl.math.rsqrt(m2 / N + eps)
@@ -845,6 +960,24 @@ def _multi_cta_norm_kernel(
                     if NORM == "layer" or LAZY_LN:
                         tl.store(mean_ptr + rows, mean, mask=stat_ok)
                     t += 1
+                    if TILES > 1:
+                        # the parked first tile: normalized in place, PARK_CHUNK columns at a time (the register
+                        # tile stays live), then TMA-stored while the register tile is normalized
+                        live = off_cm < M
+                        for c in tl.static_range(BLOCK_N // PARK_CHUNK):
+                            part = tlx.local_slice(out_bufs[cid], [0, c * PARK_CHUNK], [BM_C, PARK_CHUNK])
+                            x = tlx.local_load(part).to(tl.float32)
+                            if NORM == "rms":
+                                x = x * rstd[:, None]
+                            else:
+                                x = x * rstd[:, None] - (mean * rstd)[:, None]
+                            if HAS_W or HAS_B:
+                                x = _affine(x, w_ptr, bias_ptr, off_n + c * PARK_CHUNK, N, live, PARK_CHUNK, HAS_W,
+                                            HAS_B)
+                            tlx.local_store(part, x.to(tlx.dtype_of(c_desc)))
+                        tlx.fence("async_shared")
+                        if live:
+                            tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
                 AFFINE: tl.constexpr = HAS_W or HAS_B
                 if EPILOGUE_SUBTILE or AFFINE or LAZY_LN:
                     # column halves (register-level splits of the accumulator layout), the affine per half/quarter
@@ -852,31 +985,40 @@ def _multi_cta_norm_kernel(
                     if LAZY_LN:  # y = acc * rstd - (rstd * mean) * colsum + beta_b, fp32, one column quarter at a time
                         live = off_cm < M
                         rm = rstd * mean
-                        y_lo = _lazy_ln_half(y_lo, rstd, rm, w_ptr, bias_ptr, off_n, N, live, BM_C, BLOCK_N // 2)
-                        y_hi = _lazy_ln_half(y_hi, rstd, rm, w_ptr, bias_ptr, off_n + BLOCK_N // 2, N, live, BM_C,
+                        y_lo = _lazy_ln_half(y_lo, rstd, rm, w_ptr, bias_ptr, off_nt, N, live, BM_C, BLOCK_N // 2)
+                        y_hi = _lazy_ln_half(y_hi, rstd, rm, w_ptr, bias_ptr, off_nt + BLOCK_N // 2, N, live, BM_C,
                                              BLOCK_N // 2)
                     elif AFFINE:
                         live = off_cm < M  # per tile: see _affine
-                        y_lo = _affine_half(y_lo, w_ptr, bias_ptr, off_n, N, live, BM_C, BLOCK_N // 2, HAS_W, HAS_B)
-                        y_hi = _affine_half(y_hi, w_ptr, bias_ptr, off_n + BLOCK_N // 2, N, live, BM_C, BLOCK_N // 2,
+                        y_lo = _affine_half(y_lo, w_ptr, bias_ptr, off_nt, N, live, BM_C, BLOCK_N // 2, HAS_W, HAS_B)
+                        y_hi = _affine_half(y_hi, w_ptr, bias_ptr, off_nt + BLOCK_N // 2, N, live, BM_C, BLOCK_N // 2,
                                             HAS_W, HAS_B)
                     if not EPILOGUE_SUBTILE:
                         y = _join_cols(y_lo, y_hi, BM_C, BLOCK_N)
-                if STORE_DEFER:
+                if TILES > 1:
+                    # the first tile's store has finished reading out_bufs[cid]; this one drains under the next
+                    # M-tile's first mainloop (the wait before the next park). A last rank's second tile may lie
+                    # wholly past N: no store
+                    tlx.async_descriptor_store_wait(0)
+                    if (off_cm < M) & (off_nt < N):
+                        tlx.local_store(out_bufs[cid], y.to(tlx.dtype_of(c_desc)))
+                        tlx.fence("async_shared")
+                        tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_nt])
+                elif STORE_DEFER:
                     if off_cm < M:
                         tlx.local_store(out_bufs[cid], y.to(tlx.dtype_of(c_desc)))
                         tlx.fence("async_shared")  # generic-proxy smem writes -> visible to the TMA (async proxy)
-                        tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
+                        tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_nt])
                 elif off_cm < M:  # rows past M are clipped by TMA; wholly out-of-bounds slices skip the store
                     if EPILOGUE_SUBTILE:
-                        c_desc.store([off_cm, off_n], y_lo.to(tlx.dtype_of(c_desc)))
-                        c_desc.store([off_cm, off_n + BLOCK_N // 2], y_hi.to(tlx.dtype_of(c_desc)))
+                        c_desc.store([off_cm, off_nt], y_lo.to(tlx.dtype_of(c_desc)))
+                        c_desc.store([off_cm, off_nt + BLOCK_N // 2], y_hi.to(tlx.dtype_of(c_desc)))
                     else:
-                        c_desc.store([off_cm, off_n], y.to(tlx.dtype_of(c_desc)))
+                        c_desc.store([off_cm, off_nt], y.to(tlx.dtype_of(c_desc)))
             if PINGPONG:
                 if cid == 0:  # consume consumer 1's last arrival (no named-barrier arrival is left pending)
                     tlx.named_barrier_wait(_PP_BAR0, 256)
-            if STORE_DEFER:
+            if STORE_DEFER or TILES > 1:
                 tlx.async_descriptor_store_wait(0)  # the staging buffer must outlive the last store's read
             if C > 1:
                 tlx.cluster_barrier()  # exit rendezvous: no peer stores into / arrives on this CTA afterwards
@@ -921,6 +1063,9 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         raise ValueError(f"Lazy Pre-Norm ({norm}): PINGPONG=True is not supported (the cooperative ring only)")
     if norm == "lazy_layer" and cfg.LN_PACKED:
         raise ValueError("Lazy Pre-Norm (lazy_layer): LN_PACKED=True is not supported (the two-statistic exchange)")
+    if norm in ("lazy_rms", "lazy_layer") and cfg.TILES_PER_CTA > 1:
+        raise ValueError(f"Lazy Pre-Norm ({norm}): TILES_PER_CTA={cfg.TILES_PER_CTA} is not supported (its statistic "
+                         "is taken in the K loop of the one tile per CTA)")
     M, N, K = _validate(a, b, weight, bias, eps, norm, need_cuda=False)
     bn = cfg.block_n(N)  # ValueError naming the limit if the cluster cannot cover N (before the device check)
     if need_cuda and a.device.type != "cuda":
@@ -944,8 +1089,13 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         num_warps=_PRODUCER_WARPS,  # the default (producer) task; consumers add 4 warps each
         num_stages=1,  # no compiler pipelining: the ring is explicit
     )
+    T = cfg.TILES_PER_CTA
     if cfg.LN_PACKED and norm == "layer":  # (the other kernels keep their default constexprs: unchanged builds)
-        kwargs.update(LN_PACKED=True, EVEN_N=N == C * bn)
+        kwargs.update(LN_PACKED=True, EVEN_N=N == C * T * bn)
+    if T > 1:
+        kwargs["TILES"] = T
+        if norm == "layer":
+            kwargs["EVEN_N"] = N == C * T * bn
     if cfg.STORE_DEFER:
         kwargs["STORE_DEFER"] = True
     if cfg.PINGPONG:
@@ -1307,6 +1457,10 @@ _CHECK_SHAPES = [
     (129, 512, 1000),  # c2 (BLOCK_N 256) / c4 (128) / c8 (64) / c16 (32)
     (1000, 1024, 520),  # c4 (256) / c8 (128) / c16 (64); 8 M-tiles
     (257, 2048, 72),  # c8 (256) / c16 (128); a last M-tile of 1 row
+    # TILES_PER_CTA=2 (c2_t2: BLOCK_N 256): rank 1's second tile lies wholly past N = 600 (no valid column), its
+    # first holds 88; c4_t2 at N = 1800: rank 3's second tile holds 8 columns
+    (257, 600, 520),
+    (1000, 1800, 264),
     (262144, 1024, 1024),  # blog shape (skipped by --quick)
 ]
 _BENCH_SHAPES = [(262144, N, K) for K in (512, 1024, 2048) for N in (512, 1024, 2048, 4096)]

@@ -41,11 +41,15 @@ from normfuse.testing import run_python_json_parallel  # noqa: E402
 # (target N on the blog grid + N = 4096, ragged N compiled with affine) per shipped config
 TARGET_N = {"c1": 256, "c2": 512, "c4": 1024, "c8": 2048, "c8_mcast": 1024, "c16_subtile": 4096,
             "c4_lnpack": 1024, "c8_lnpack": 2048, "c4_defer_lnpack": 1024, "c8_defer_lnpack": 2048,
-            "c4_pp_lnpack": 1024, "c8_pp_lnpack": 2048, "c1_pp": 256, "c2_pp": 512, "c16_pp": 4096}
+            "c4_pp_lnpack": 1024, "c8_pp_lnpack": 2048, "c1_pp": 256, "c2_pp": 512, "c16_pp": 4096,
+            "c1_t2": 512, "c2_t2_lnpack": 1024, "c4_t2_lnpack": 2048, "c8_t2_lnpack": 4096}
 RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_subtile": 4000,
             "c4_lnpack": 392, "c8_lnpack": 1000,  # LN_PACKED: the masked statistics (N < C * BLOCK_N)
             "c4_defer_lnpack": 392, "c8_defer_lnpack": 1000, "c4_pp_lnpack": 392, "c8_pp_lnpack": 1000,
-            "c1_pp": 200, "c2_pp": 264, "c16_pp": 4000}
+            "c1_pp": 200, "c2_pp": 264, "c16_pp": 4000,
+            # TILES_PER_CTA=2: c1 at N = 264 (the second tile holds 8 columns), c2 at 600 (rank 1's second tile
+            # lies wholly past N), c4 at 1800 (rank 3's second tile holds 8)
+            "c1_t2": 264, "c2_t2_lnpack": 600, "c4_t2_lnpack": 1800, "c8_t2_lnpack": 4000}
 COMPILE_M, COMPILE_K = 4096, 1024
 OPS = ("matmul_rmsnorm", "matmul_layernorm")
 
@@ -86,7 +90,7 @@ def compiled():
 def test_targets_cover_every_shipped_config():
     assert set(TARGET_N) == set(RAGGED_N) == set(SHIPPED_CONFIGS)
     assert SHIPPED_CONFIGS["c4"] == DEFAULT_CONFIG
-    assert 3 <= len(SHIPPED_CONFIGS) <= 16
+    assert 3 <= len(SHIPPED_CONFIGS) <= 20
     for name, cfg in SHIPPED_CONFIGS.items():
         assert cfg.supports(TARGET_N[name]) and cfg.supports(RAGGED_N[name]), name
     # the blog grid (N = 512, 1024, 2048) and the Hopper limit N = 4096 each have a shipped config
@@ -104,8 +108,8 @@ def test_compile_all_configs(compiled):
         C, nstat = cfg.CLUSTER_SIZE, (2 if op == "matmul_layernorm" else 1)
         packed = cfg.LN_PACKED and op == "matmul_layernorm"  # one 64-bit word per row and peer
         mk, ex = r["ptx_markers"], r["ptx_extra"]
-        bn = cfg.block_n(N)
-        assert r["block_n"] == bn and C * bn >= N > (C - 1) * bn, key
+        bn, T = cfg.block_n(N), cfg.TILES_PER_CTA
+        assert r["block_n"] == bn and C * T * bn >= N > (C - 1) * T * bn, key
         assert r["num_warps"] == 12 == cfg.num_warps_total, key
         assert r["smem_ok"] and r["shared_bytes"] <= SMEM_LIMIT_BYTES, key
         assert 0 <= r["smem_estimate"] - r["shared_bytes"] <= 4096, (key, r["smem_estimate"], r["shared_bytes"])
@@ -116,8 +120,10 @@ def test_compile_all_configs(compiled):
         assert stage in r["expect_tx_bytes"], (key, r["expect_tx_bytes"])
         # no spills; with affine (loads kept inside the tile loop: kernels_tlx.multi_cta._affine) at most a few
         # registers' worth (32 B seen for LayerNorm at N = 264, whose masked affine loads cannot be vectorized)
+        # (TILES_PER_CTA=2 with affine spills more: up to ~2.3 KB seen at c2, N = 1000, LayerNorm -- the affine
+        # vectors of the parked tile's chunks and the register tile; speed only, the benchmarks have no affine)
         spills = r["ptxas"]["spill_stores"] + r["ptxas"]["spill_loads"]
-        assert spills <= (64 if affine else 0), (key, r["ptxas"])
+        assert spills <= ((4096 if T > 1 else 64) if affine else 0), (key, r["ptxas"])
         if C == 1:
             assert r["cluster_dims"] in ([], [1, 1, 1]) and ex["reqnctapercluster"] is None, key
             assert mk["mapa"] == 0 and ex["st_async"] == 0 and ex["barrier_cluster_arrive"] == 0, (key, ex)
