@@ -232,8 +232,9 @@ class TilingConfig(TilingConfigBase):
             multicast across the cluster; output TMA store drained under the next tile's mainloop). Need
             CLUSTER_SIZE > 1.
         TILES_PER_CTA: the cluster form's option of that name (two column tiles per CTA, the first parked in
-            shared memory); only ``matmul`` (the same-schedule GEMM of ``multi_cta``'s TILES_PER_CTA configs)
-            runs it, the Lazy Pre-Norm ops raise ValueError. Needs CLUSTER_SIZE > 1.
+            shared memory, so c2 covers N = 1024 and c4 N = 2048; each CTA sums a^2 over its 1 / (2 C) share of the
+            K steps in each of its two passes over A): ``lazy_rmsnorm_matmul`` and ``matmul``; the LayerNorm op
+            raises ValueError. Needs CLUSTER_SIZE > 1.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -413,6 +414,9 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "cluster_c4_defer": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True),
     "cluster_c8_defer": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True),
     "cluster_c8_mcast": TilingConfig(CLUSTER_SIZE=8, MULTICAST_A=True),
+    # two 256-wide column tiles per CTA (TilingConfig.TILES_PER_CTA): c2 serves N in (768, 1024], c4 (1792, 2048]
+    "cluster_c2_t2": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2),
+    "cluster_c4_t2": TilingConfig(CLUSTER_SIZE=4, TILES_PER_CTA=2),
     # twice the CTAs per row at half the width (BLOCK_N = 128, 4 stages): each CTA sums a^2 over 1/4 (N = 512) or
     # 1/8 (N = 1024) of K instead of 1/2 or 1/4, at the cost of a narrower GEMM tile
     "cluster_c4_bn128_defer": TilingConfig(CLUSTER_SIZE=4, BLOCK_N=128, NUM_STAGES=4, STORE_DEFER=True),
@@ -1342,7 +1346,8 @@ _CHECK_SHAPES = [  # (M, N, K): a block-aligned shape first, then partial/empty 
 # partial last column slices, M = 1, partial M-tiles, K < BLOCK_K and K tails; _CHECK_SHAPES add N = 1000 for c4
 # (c4 at N = 776: the last rank owns 8 columns, K < BLOCK_K; c8 at M = 1 with a K tail)
 _CLUSTER_CHECK_SHAPES = [(1, 488, 1000), (129, 488, 8), (1000, 512, 72), (17793, 2024, 1000), (257, 2048, 520),
-                         (1000, 1800, 8), (129, 776, 8), (1, 1800, 72), (129, 968, 8)]
+                         (1000, 1800, 8), (129, 776, 8), (1, 1800, 72), (129, 968, 8),
+                         (257, 600, 520)]  # TILES_PER_CTA c2: rank 1 owns 88 columns, its second tile none
 _BENCH_SHAPES = [(262144, 1024, 1024), (8192, 8192, 8192)]
 # LayerNorm: mean-shifted inputs (the one-pass statistics and the epilogue's cancellation), (M, N, K, mean_shift);
 # each config runs those it supports (the cluster form: c4 the N = 1000 / 1024 ones), the cluster form also

@@ -100,6 +100,25 @@ thread, ptxas reports no spills at the benchmark shapes (tests/tlx/test_multi_ct
 ``matmul_cluster`` (NORM "none") the same schedule is a ping-pong GEMM: the self-check prints the fused kernel's
 hidden share both vs the Lazy Pre-Norm GEMM and vs the better of that and this same-schedule GEMM.
 
+**TILES_PER_CTA** (``TilingConfig.TILES_PER_CTA`` = 2; ``c*_t2*``). A Hopper CTA holds at most a 128 x 256 fp32
+accumulator in registers, so one tile per CTA needs C = N / 256 (c4 at N = 1024, c8 at 2048), and a GPC holds only
+whole clusters: on the H200 30 clusters of 4 (or 15 of 8) are co-resident, 120 of the 132 SMs, against 66 clusters
+of 2 (all 132). With two tiles per CTA, CTA ``rank`` owns columns ``[2 rank BLOCK_N, 2 (rank + 1) BLOCK_N)``: the
+producer streams A and the first tile's B for all K steps, then A again with the second tile's B (the same ring);
+the consumers run the first mainloop, take that tile's fp32 partials (RMSNorm sum x^2; LayerNorm (sum, centred sum
+of squares), merged with the second tile's by Chan's formula, a tile wholly past N weighing 0), wait for the
+previous M-tile's last store to finish reading ``out_bufs[cid]`` and park the tile there as the output dtype; the
+second accumulator restarts at 0 in the same registers (a select on the run-time-false ``K < 0``: with a zero
+constant ptxas spilled the zeros, 3 KB). After the second mainloop the one DSMEM exchange of the M-tile runs as
+above (with ``W = 2 BLOCK_N`` columns per rank), the parked tile is normalized in place in 64-column chunks
+(bf16 in, fp32 math, bf16 out: one rounding more than the register tile, the precision the unfused pair has) and
+TMA-stored, the register tile is normalized and, once that store has read the buffer, staged there and stored;
+its wait moves behind the next M-tile's first mainloop. Lazy RMSNorm: CTA ``rank`` sums a^2 in its tile j over K
+steps ``ki % (2 C) == 2 rank + j``, so the cluster's 2 C passes over A cover every K step once. Shared memory: the
+ring + one [64, BLOCK_N] buffer per consumer (the compiler's staging buffer is not used), 215-222 KB at BLOCK_N =
+256. Limits: no PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER, not Lazy LayerNorm; with an affine
+weight and bias ptxas spills 2-5 KB (the benchmarks have none).
+
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
 - Every CTA holds, per (buffer ``b``, consumer, statistic), C fp32 slots of ``[64]`` (slot ``r`` receives rank
@@ -231,9 +250,10 @@ class TilingConfig(TilingConfigBase):
             per-row partial statistics are taken from its fp32 accumulator, and the tile waits in shared memory
             as the output dtype (the "parked" tile, [64, BLOCK_N] per consumer) while the second is computed; one
             exchange per M-tile covers both. The parked buffer doubles as the output staging buffer, and its TMA
-            stores drain under the next mainloop (as STORE_DEFER, implied). RMSNorm, LayerNorm and ``matmul_cluster``
-            only; not with PINGPONG, MULTICAST_A, EPILOGUE_SUBTILE or STORE_DEFER. See "TILES_PER_CTA" in the
-            module docstring.
+            stores drain under the next mainloop (as STORE_DEFER, implied). RMSNorm, LayerNorm, ``matmul_cluster``
+            and Lazy RMSNorm (each CTA sums a^2 over K steps ``ki % (2 C) == 2 rank + j`` in its tile j); not Lazy
+            LayerNorm, PINGPONG, MULTICAST_A, EPILOGUE_SUBTILE or STORE_DEFER. See "TILES_PER_CTA" in the module
+            docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -737,15 +757,23 @@ def _multi_cta_norm_kernel(
             t = 0  # tiles done by this consumer: selects the exchange buffer and its phase
             for pid_m in range(cluster_id, num_pid_m, num_clusters):
                 off_cm = pid_m * BLOCK_M + cid * BM_C
+                if LAZY:
+                    ss = tl.zeros([BM_C], dtype=tl.float32)
                 if TILES > 1:
-                    # the first column tile (plain mainloop: TILES == 2 excludes the Lazy, PINGPONG and multicast
-                    # variants), its fp32 partial statistics, then parked in out_bufs[cid] as the output dtype
+                    # the first column tile (plain mainloop: TILES == 2 excludes Lazy LayerNorm, PINGPONG and
+                    # multicast), its fp32 partial statistics, then parked in out_bufs[cid] as the output dtype.
+                    # "lazy_rms": the K steps ki % (C * TILES) == rank * TILES + j are this CTA's share of sum a^2
+                    # in its tile j, so the cluster's 2 C tile passes over A sum every K step once
                     acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
                     s_prev = 0
                     for ki in range(0, k_tiles):
                         s = it % NUM_STAGES
                         tlx.barrier_wait(full_bars[s], (it // NUM_STAGES) & 1)
                         acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
+                        if LAZY:
+                            if ki % (C * TILES) == rank * TILES:
+                                x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
+                                ss += tl.sum(x * x, axis=1)
                         acc = tlx.async_dot_wait(1, acc)
                         if ki > 0:
                             tlx.barrier_arrive(empty_bars[s_prev])
@@ -770,8 +798,6 @@ def _multi_cta_norm_kernel(
                     acc = tl.where(K < 0, acc, 0.0)
                 else:
                     acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
-                if LAZY:
-                    ss = tl.zeros([BM_C], dtype=tl.float32)
                 if LAZY_LN:
                     # per-row shift = the first element of each row of this consumer's A box (the box starts at
                     # the producer's clamped row; rows past M read 0, matching TMA's zero fill)
@@ -794,7 +820,9 @@ def _multi_cta_norm_kernel(
                     else:
                         acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
                     if LAZY:
-                        if ki % C == rank:  # while the wgmma is in flight; TMA zero-fills the K tail (adds 0)
+                        # while the wgmma is in flight; TMA zero-fills the K tail (adds 0). TILES == 2: the second
+                        # tile's share (see the first tile's loop)
+                        if ki % (C * TILES) == rank * TILES + (TILES - 1):
                             x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
                             ss += tl.sum(x * x, axis=1)
                     if LAZY_LN:
@@ -967,7 +995,7 @@ def _multi_cta_norm_kernel(
                         for c in tl.static_range(BLOCK_N // PARK_CHUNK):
                             part = tlx.local_slice(out_bufs[cid], [0, c * PARK_CHUNK], [BM_C, PARK_CHUNK])
                             x = tlx.local_load(part).to(tl.float32)
-                            if NORM == "rms":
+                            if RMS_LIKE:
                                 x = x * rstd[:, None]
                             else:
                                 x = x * rstd[:, None] - (mean * rstd)[:, None]
@@ -1063,9 +1091,9 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         raise ValueError(f"Lazy Pre-Norm ({norm}): PINGPONG=True is not supported (the cooperative ring only)")
     if norm == "lazy_layer" and cfg.LN_PACKED:
         raise ValueError("Lazy Pre-Norm (lazy_layer): LN_PACKED=True is not supported (the two-statistic exchange)")
-    if norm in ("lazy_rms", "lazy_layer") and cfg.TILES_PER_CTA > 1:
-        raise ValueError(f"Lazy Pre-Norm ({norm}): TILES_PER_CTA={cfg.TILES_PER_CTA} is not supported (its statistic "
-                         "is taken in the K loop of the one tile per CTA)")
+    if norm == "lazy_layer" and cfg.TILES_PER_CTA > 1:
+        raise ValueError(f"Lazy Pre-Norm ({norm}): TILES_PER_CTA={cfg.TILES_PER_CTA} is not supported (the shifted "
+                         "sums are taken in the K loop of the one tile per CTA)")
     M, N, K = _validate(a, b, weight, bias, eps, norm, need_cuda=False)
     bn = cfg.block_n(N)  # ValueError naming the limit if the cluster cannot cover N (before the device check)
     if need_cuda and a.device.type != "cuda":

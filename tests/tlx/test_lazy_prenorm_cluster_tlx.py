@@ -51,7 +51,7 @@ def _jobs():
     LayerNorm ones, one odd shape for the RMSNorm ones (GPU-checked already); the cluster GEMM once."""
     jobs = []
     for name, cfg in CLUSTER_RMS.items():
-        C, full = cfg.CLUSTER_SIZE, cfg.CLUSTER_SIZE * cfg.BLOCK_N  # the row the cluster covers: N = C * BLOCK_N
+        C, full = cfg.CLUSTER_SIZE, cfg.CLUSTER_SIZE * cfg.TILES_PER_CTA * cfg.BLOCK_N  # the row the cluster covers
         jobs += [(RMS_OP, name, BLOG_M, full, BLOG_K), (RMS_OP, name, 129, full - 24, 8)]
     for name, cfg in CLUSTER_LN.items():
         C = cfg.CLUSTER_SIZE
@@ -261,7 +261,7 @@ def test_self_check_cases_cover_every_cluster_config():
     for name, cfg in CLUSTER_RMS.items():  # (the RMSNorm loop filters the same lists by supports)
         plain = [s for s in klp._CHECK_SHAPES + klp._CLUSTER_CHECK_SHAPES if cfg.supports(s[1])]
         assert any(M == 1 for M, _, _ in plain) and any(K < 64 for _, _, K in plain), (name, plain)
-        assert any(N < cfg.CLUSTER_SIZE * cfg.BLOCK_N for _, N, _ in plain), (name, plain)
+        assert any(N < cfg.CLUSTER_SIZE * cfg.TILES_PER_CTA * cfg.BLOCK_N for _, N, _ in plain), (name, plain)
 
 
 # --------------------------------------------------------------------------------------------------------

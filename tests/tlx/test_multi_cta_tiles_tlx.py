@@ -2,8 +2,8 @@
 tests/tlx/test_multi_cta_tiles_tlx.py``): two column tiles per CTA, the first parked in shared memory.
 
 - Config validation: 1 or 2 tiles, not with PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER, the row
-  coverage ``CLUSTER_SIZE * TILES_PER_CTA * BLOCK_N`` and idle ranks in ``block_n``; the Lazy Pre-Norm ops reject
-  it; ``kernels_tlx.lazy_prenorm.TilingConfig`` passes it to its cluster form's GEMM only.
+  coverage ``CLUSTER_SIZE * TILES_PER_CTA * BLOCK_N`` and idle ranks in ``block_n``; Lazy LayerNorm rejects it,
+  Lazy RMSNorm takes it; ``kernels_tlx.lazy_prenorm.TilingConfig`` passes it to its cluster form.
 - Launch flags: TILES (and, for LayerNorm, EVEN_N = the row fills C * 2 * BLOCK_N) reach the kernel only when set,
   so the one-tile builds are unchanged.
 - Compile-only for sm_90a at the benchmark N (c2 at 1024, c4 at 2048): no spills, shared memory under 227 KB,
@@ -70,14 +70,15 @@ def test_launch_flags_and_lazy_rejects():
         assert kw["TILES"] == 2 and kw["EVEN_N"] is even and kw["LN_PACKED"] is True, (N, kw)
         *_, kw = km._prepare(a, b, None, None, 1e-6, "rms", cfg, need_cuda=False)
         assert kw["TILES"] == 2 and "EVEN_N" not in kw and "LN_PACKED" not in kw, (N, kw)
-        for norm in ("lazy_rms", "lazy_layer"):
-            with pytest.raises(ValueError, match="TILES_PER_CTA=2 is not supported"):
-                km._prepare(a, b, None, None, 1e-6, norm, TilingConfig.from_dict({**cfg.to_dict(), "LN_PACKED": False}),
-                            need_cuda=False)
+        plain = TilingConfig.from_dict({**cfg.to_dict(), "LN_PACKED": False})
+        *_, kw = km._prepare(a, b, None, None, 1e-6, "lazy_rms", plain, need_cuda=False)
+        assert kw["TILES"] == 2 and kw["NORM"] == "lazy_rms", kw
+        with pytest.raises(ValueError, match="TILES_PER_CTA=2 is not supported"):
+            km._prepare(a, b, None, None, 1e-6, "lazy_layer", plain, need_cuda=False)
     *_, kw = km._prepare(a, torch.empty(64, 1024, dtype=torch.bfloat16), None, None, 1e-5, "layer",
                          SHIPPED_CONFIGS["c4_lnpack"], need_cuda=False)
     assert "TILES" not in kw  # one tile per CTA: the kernel's default constexpr, an unchanged build
-    g = klp.TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2)
+    g = klp.SHIPPED_CONFIGS["cluster_c2_t2"]
     assert g.cluster_config().TILES_PER_CTA == 2 and g.supports(1024) and not g.supports(2048)
     with pytest.raises(ValueError, match="TILES_PER_CTA are options of the cluster form"):
         klp.TilingConfig(TILES_PER_CTA=2)
@@ -108,19 +109,20 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def compiled():
     jobs = [("c2_t2_lnpack", "c2", 1024, op) for op in ("matmul_rmsnorm", "matmul_layernorm")]
-    jobs += [("c4_t2_lnpack", "c4_lnpack", 2048, "matmul_layernorm"), ("c2_t2_lnpack", "c2", 1024, "matmul_cluster")]
+    jobs += [("c4_t2_lnpack", "c4_lnpack", 2048, "matmul_layernorm"), ("c2_t2_lnpack", "c2", 1024, "matmul_cluster"),
+             ("c2_t2_lnpack", "c2", 1024, "lazy_rmsnorm_matmul")]
     return run_python_json_parallel(_SCRIPT, jobs, timeout=400)
 
 
 def test_compile_benchmark_n(compiled):
-    assert len(compiled) == 4
+    assert len(compiled) == 5
     for key, r in compiled.items():
         t2 = r["t2"]
         assert t2["ptxas"]["spill_stores"] == 0 == t2["ptxas"]["spill_loads"], (key, t2["ptxas"])
         assert t2["smem"] <= SMEM_LIMIT_BYTES, key
         assert t2["block_n"] == 256, key
         assert (128 * 64 + 64 * 256) * 2 in t2["expect_tx"], key  # the same 48 KB stage
-        if "matmul_rmsnorm" in key:
+        if "rmsnorm" in key:
             # one exchange per M-tile: as many st.async sites as the one-tile kernel of the same cluster
             assert t2["st_async"] == r["base"]["st_async"] > 0, (key, t2, r["base"])
         elif "matmul_layernorm" in key:  # LN_PACKED: consumers x peer loop x 2 rows per thread x one word
