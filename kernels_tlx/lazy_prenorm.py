@@ -303,8 +303,18 @@ class TilingConfig(TilingConfigBase):
                 errors.append("CLUSTER_SIZE > 1 (the cluster form) takes no REUSE_RSTD, STATS_*, A_FROM_REGS or "
                               "LN_EPILOGUE_MMA=False: its statistic is split across the cluster instead")
         elif self.MULTICAST_A or self.STORE_DEFER or self.TILES_PER_CTA != 1:
-            errors.append("MULTICAST_A / STORE_DEFER / TILES_PER_CTA are options of the cluster form: they need "
-                          "CLUSTER_SIZE > 1")
+            set_ = [f"{k}={getattr(self, k)}" for k in ("MULTICAST_A", "STORE_DEFER") if getattr(self, k)]
+            set_ += [f"TILES_PER_CTA={self.TILES_PER_CTA}"] if self.TILES_PER_CTA != 1 else []
+            errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / TILES_PER_CTA are options of the cluster "
+                          "form: they need CLUSTER_SIZE > 1")
+        if self.CLUSTER_SIZE > 1 and self.TILES_PER_CTA != 1:
+            # (checked here too: multi_cta's TilingConfig, which also rejects these, is built only at the first call)
+            if self.TILES_PER_CTA != 2:
+                errors.append(f"TILES_PER_CTA={self.TILES_PER_CTA} must be 1 or 2")
+            clash = [k for k in ("MULTICAST_A", "STORE_DEFER", "EPILOGUE_SUBTILE") if getattr(self, k)]
+            if clash:
+                errors.append(f"TILES_PER_CTA=2 with {', '.join(f'{k}=True' for k in clash)}: not implemented "
+                              "(STORE_DEFER is implied: the parked buffer's stores are already deferred)")
         if self.STATS_WARPGROUP and self.STATS_IN_PRODUCER:
             errors.append("STATS_WARPGROUP and STATS_IN_PRODUCER are exclusive (who computes the statistics)")
         if self.STATS_WARPGROUP and self.BLOCK_N > 128:
@@ -414,7 +424,7 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "cluster_c4_defer": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True),
     "cluster_c8_defer": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True),
     "cluster_c8_mcast": TilingConfig(CLUSTER_SIZE=8, MULTICAST_A=True),
-    # two 256-wide column tiles per CTA (TilingConfig.TILES_PER_CTA): c2 serves N in (768, 1024], c4 (1792, 2048]
+    # two 256-wide column tiles per CTA (TilingConfig.TILES_PER_CTA): c2 serves N in (512, 1024], c4 (1536, 2048]
     "cluster_c2_t2": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2),
     "cluster_c4_t2": TilingConfig(CLUSTER_SIZE=4, TILES_PER_CTA=2),
     # twice the CTAs per row at half the width (BLOCK_N = 128, 4 stages): each CTA sums a^2 over 1/4 (N = 512) or

@@ -9,11 +9,12 @@ Math (``normfuse.techniques.multi_cta``; fp32 statistics from the fp32 accumulat
 
 **Cluster layout.** A cluster of ``C = CLUSTER_SIZE`` CTAs (1, 2, 4, 8 portable; 16 non-portable) owns one
 ``BLOCK_M``-row M-tile at a time and splits N: CTA ``rank`` (``tlx.cluster_cta_rank()``) computes the
-``[BLOCK_M, BLOCK_N]`` tile at columns ``[rank * BLOCK_N, (rank + 1) * BLOCK_N)`` over the full K. So
-``C * BLOCK_N >= N`` is required (the whole row lives in one cluster's registers; ``BLOCK_N <= 256``: wgmma N and
-the register accumulator), i.e. N <= 2048 with portable clusters, 4096 with 16-CTA clusters; and every rank must
-own at least one column (``cdiv(N, BLOCK_N) == C``). ``TilingConfig.block_n`` checks both and raises ValueError
-naming the limit. The grid is 1-D, ``num_clusters * C`` CTAs launched with ``ctas_per_cga=(C, 1, 1)`` (fbtriton
+``[BLOCK_M, BLOCK_N]`` tile at columns ``[rank * BLOCK_N, (rank + 1) * BLOCK_N)`` over the full K (with
+``TILES_PER_CTA`` = T = 2: two such tiles, one after the other, at ``[rank * 2 BLOCK_N, (rank + 1) * 2 BLOCK_N)``,
+section "TILES_PER_CTA" below). So ``C * T * BLOCK_N >= N`` is required (``BLOCK_N <= 256``: wgmma N and the
+register accumulator), i.e. N <= 2048 with portable clusters and one tile, 4096 with 16-CTA clusters or with
+8-CTA clusters and two tiles; and every rank must own at least one column (``cdiv(N, T * BLOCK_N) == C``).
+``TilingConfig.block_n`` checks both and raises ValueError naming the limit. The grid is 1-D, ``num_clusters * C`` CTAs launched with ``ctas_per_cga=(C, 1, 1)`` (fbtriton
 groups consecutive CTAs into a cluster): ``cluster_id = program_id // C``. Persistent (default): ``num_clusters``
 is the number of co-resident clusters (``cuOccupancyMaxActiveClusters``; a GPC holds only whole clusters, so this
 is not ``#SMs / C``) and cluster ``g`` walks M-tiles ``g, g + num_clusters, ...`` -- every CTA of a cluster the
@@ -204,15 +205,27 @@ def _is_pow2(v: int) -> bool:
     return v > 0 and (v & (v - 1)) == 0
 
 
+def _wider_hint(C: int, T: int, N: int) -> str:
+    """The fix for a row too wide for CLUSTER_SIZE C with TILES_PER_CTA T (``TilingConfig.block_n``'s message)."""
+    if N > 16 * MAX_BLOCK_N:
+        return f": N > {16 * MAX_BLOCK_N} is not supported (no cluster covers it)"
+    opts = []
+    if C < 16:
+        opts.append("a larger CLUSTER_SIZE")
+    if T == 1 and C <= 8:
+        opts.append("TILES_PER_CTA=2")
+    return ": use " + " or ".join(opts) if opts else ""
+
+
 @dataclass(frozen=True)
 class TilingConfig(TilingConfigBase):
     """Tiling of the TLX multi-CTA fused kernel.
 
     Fields:
         BLOCK_M: rows of an M-tile (= 64 * NUM_CONSUMERS: one m64 wgmma row slice per consumer warpgroup).
-        BLOCK_N: columns per CTA (power of 2 in [32, 256]), or None: ``next_pow2(cdiv(N, CLUSTER_SIZE))`` (at
-            least 32) for the N at hand. Must satisfy ``CLUSTER_SIZE * BLOCK_N >= N`` and
-            ``cdiv(N, BLOCK_N) == CLUSTER_SIZE`` (checked by ``block_n(N)``).
+        BLOCK_N: columns per CTA tile (power of 2 in [32, 256]), or None: ``next_pow2(cdiv(N, CLUSTER_SIZE *
+            TILES_PER_CTA))`` (at least 32) for the N at hand. Must satisfy ``CLUSTER_SIZE * TILES_PER_CTA * BLOCK_N
+            >= N`` and ``cdiv(N, TILES_PER_CTA * BLOCK_N) == CLUSTER_SIZE`` (checked by ``block_n(N)``).
         BLOCK_K: K step (power of 2 in [16, 128]).
         CLUSTER_SIZE: CTAs per cluster along N, one of 1, 2, 4, 8 (portable) or 16 (non-portable: this module
             sets ``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`` before the first launch). 1 = no cluster
@@ -311,13 +324,15 @@ class TilingConfig(TilingConfigBase):
             if self.MULTICAST_A:
                 errors.append("PINGPONG=True with MULTICAST_A=True is not implemented")
         if self.TILES_PER_CTA not in (1, 2):
-            errors.append(f"TILES_PER_CTA={self.TILES_PER_CTA} must be 1 or 2 (a third parked [128, BLOCK_N] tile "
-                          "does not fit beside the ring in 227 KB)")
+            errors.append(f"TILES_PER_CTA={self.TILES_PER_CTA} must be 1 or 2 (more tiles per CTA are not "
+                          "implemented; at BLOCK_N = 256 two parked tiles would not fit beside the ring in 227 KB)")
         elif self.TILES_PER_CTA == 2:
-            clash = [k for k in ("PINGPONG", "MULTICAST_A", "EPILOGUE_SUBTILE", "STORE_DEFER") if getattr(self, k)]
-            if clash:
-                errors.append(f"TILES_PER_CTA=2 is not implemented with {', '.join(f'{k}=True' for k in clash)} "
-                              "(the parked tile is the staging buffer, its store already deferred)")
+            why = {"PINGPONG": "not implemented (the two-tile mainloop is cooperative)",
+                   "MULTICAST_A": "not implemented (the second pass over A reloads it per CTA)",
+                   "EPILOGUE_SUBTILE": "not implemented (the parked tile is stored whole)",
+                   "STORE_DEFER": "implied (the parked buffer is the staging buffer, its stores already deferred): "
+                                  "leave it False"}
+            errors += [f"TILES_PER_CTA=2 with {k}=True: {v}" for k, v in why.items() if getattr(self, k)]
             if self.CLUSTER_SIZE > 8:
                 errors.append(f"TILES_PER_CTA=2 needs CLUSTER_SIZE <= 8, got {self.CLUSTER_SIZE}")
         if not errors and self.BLOCK_N is not None:
@@ -385,14 +400,15 @@ class TilingConfig(TilingConfigBase):
             raise ValueError(
                 f"N={N} is too wide for this config: the cluster covers {span} = {C * T * bn_c} columns (BLOCK_N <= "
                 f"{MAX_BLOCK_N}; the limit is N <= {8 * MAX_BLOCK_N} with portable clusters of 8 and N <= "
-                f"{16 * MAX_BLOCK_N} with 16 or with TILES_PER_CTA=2): use a larger CLUSTER_SIZE or TILES_PER_CTA")
+                f"{16 * MAX_BLOCK_N} with 16 or with TILES_PER_CTA=2){_wider_hint(C, T, N)}")
         if triton.cdiv(N, T * bn) != C:
             used = triton.cdiv(N, T * bn)
             per = "BLOCK_N" if T == 1 else "TILES_PER_CTA * BLOCK_N"
+            fit = max(c for c in CLUSTER_SIZES if c <= used)  # the largest valid cluster size the row fills
+            fix = f"use CLUSTER_SIZE={fit} or a smaller BLOCK_N"
             raise ValueError(
                 f"N={N} with CLUSTER_SIZE={C}, BLOCK_N={bn}{'' if T == 1 else f', TILES_PER_CTA={T}'}: only "
-                f"cdiv(N, {per}) = {used} ranks own columns, ranks {used}..{C - 1} would idle: use "
-                f"CLUSTER_SIZE={used} or a smaller BLOCK_N")
+                f"cdiv(N, {per}) = {used} ranks own columns, ranks {used}..{C - 1} would idle: {fix}")
         errors = self._n_independent_fit(bn)
         if errors:
             raise ValueError(f"invalid TilingConfig for N={N}: " + "; ".join(errors))
@@ -620,8 +636,8 @@ def _multi_cta_norm_kernel(
     STAGE_BYTES: tl.constexpr = (A_STAGE_ROWS * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(DT)
     NSTAT: tl.constexpr = 2 if (NORM == "layer" or NORM == "lazy_layer") else 1
     # "lazy_rms": y = rstd(A) * (A @ B_folded), the statistic of the *input* rows: CTA `rank` sums a^2 over its
-    # 1/C share of the K steps (ki % C == rank) of the A tile every CTA of the cluster loads anyway, and the RMSNorm
-    # exchange below completes it (divisor K instead of N)
+    # 1/C share of the K steps (ki % C == rank; TILES == 2: ki % 2C == 2 rank + j in its tile j) of the A tile every
+    # CTA of the cluster loads anyway, and the RMSNorm exchange below completes it (divisor K instead of N)
     LAZY: tl.constexpr = NORM == "lazy_rms"
     RMS_LIKE: tl.constexpr = NORM == "rms" or LAZY
     # "lazy_layer": y = rstd * (A @ B_folded) - (rstd * mean) * colsum + beta_b (Lazy Pre-Norm LayerNorm). CTA
@@ -1244,7 +1260,8 @@ def matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None
 
     Args:
         a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA, 16-byte aligned (K multiple of 8).
-        b: ``[K, N]`` same dtype and device, row-major contiguous (N multiple of 8; N <= CLUSTER_SIZE * BLOCK_N).
+        b: ``[K, N]`` same dtype and device, row-major contiguous (N multiple of 8; N <= CLUSTER_SIZE *
+            TILES_PER_CTA * BLOCK_N).
         weight: ``[N]`` of a's dtype, or None.
         eps: added to the mean square inside the rsqrt (finite, > 0).
         config: ``TilingConfig``, a dict of overrides, or None for ``DEFAULT_CONFIG`` (CLUSTER_SIZE=4).
@@ -1302,10 +1319,13 @@ def lazy_rmsnorm_matmul(a: torch.Tensor, b_folded: torch.Tensor, *, eps: float =
     memory, while its wgmma runs), and the RMSNorm DSMEM all-to-all of ``matmul_rmsnorm`` completes the sum in rank
     order (deterministic). The statistic is thus computed exactly once per row -- no ``N / BLOCK_N``-fold
     redundancy as in ``kernels_tlx.lazy_prenorm`` -- while the CTAs walk M-tiles with the whole (L2-resident) B.
+    With ``TILES_PER_CTA=2`` each CTA computes two ``N / 2C`` slices one after the other and sums ``a^2`` in its
+    slice j over the K steps ``ki % 2C == 2 rank + j`` (module docstring, "TILES_PER_CTA").
 
     Args:
         a: ``[M, K]`` bf16 or fp16, row-major contiguous, CUDA, 16-byte aligned (K multiple of 8).
-        b_folded: ``[K, N]`` same dtype, ``diag(gamma) @ B`` (N multiple of 8; N <= CLUSTER_SIZE * BLOCK_N).
+        b_folded: ``[K, N]`` same dtype, ``diag(gamma) @ B`` (N multiple of 8; N <= CLUSTER_SIZE * TILES_PER_CTA
+            * BLOCK_N).
         eps: added to the mean square (finite, > 0).
         config: this module's ``TilingConfig`` (or dict / None for ``DEFAULT_CONFIG``); PINGPONG is not supported.
 

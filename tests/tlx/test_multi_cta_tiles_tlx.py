@@ -38,7 +38,7 @@ from normfuse.testing import run_python_json_parallel  # noqa: E402
 
 @pytest.mark.parametrize("bad, match", [
     ({"TILES_PER_CTA": 3}, "TILES_PER_CTA=3 must be 1 or 2"),
-    ({"TILES_PER_CTA": 2, "PINGPONG": True, "STORE_DEFER": True}, "not implemented with PINGPONG=True, STORE_DEFER"),
+    ({"TILES_PER_CTA": 2, "PINGPONG": True, "STORE_DEFER": True}, "PINGPONG=True: not implemented.*STORE_DEFER=True: implied"),
     ({"TILES_PER_CTA": 2, "CLUSTER_SIZE": 8, "MULTICAST_A": True}, "MULTICAST_A=True"),
     ({"TILES_PER_CTA": 2, "EPILOGUE_SUBTILE": True}, "EPILOGUE_SUBTILE=True"),
     ({"TILES_PER_CTA": 2, "CLUSTER_SIZE": 16}, "CLUSTER_SIZE <= 8"),
@@ -82,6 +82,14 @@ def test_launch_flags_and_lazy_rejects():
     assert g.cluster_config().TILES_PER_CTA == 2 and g.supports(1024) and not g.supports(2048)
     with pytest.raises(ValueError, match="TILES_PER_CTA are options of the cluster form"):
         klp.TilingConfig(TILES_PER_CTA=2)
+    for bad, match in (({"TILES_PER_CTA": 3}, "TILES_PER_CTA=3 must be 1 or 2"),
+                       ({"TILES_PER_CTA": 2, "STORE_DEFER": True}, "STORE_DEFER=True: not implemented")):
+        with pytest.raises(ValueError, match=match):  # at construction, not only at the first call
+            klp.TilingConfig(CLUSTER_SIZE=2, **bad)
+    with pytest.raises(ValueError, match="N > 4096 is not supported"):
+        TilingConfig(CLUSTER_SIZE=8, TILES_PER_CTA=2).block_n(8192)
+    with pytest.raises(ValueError, match="would idle: use CLUSTER_SIZE=2 or a smaller BLOCK_N"):
+        TilingConfig(CLUSTER_SIZE=4, TILES_PER_CTA=2).block_n(600)
 
 
 _SCRIPT = r"""
