@@ -141,6 +141,26 @@ def ws_stage_errors(BLOCK_K: int, NUM_STAGES: int) -> list[str]:
     return errors
 
 
+def tiles_per_cta_errors(TILES_PER_CTA: int, CLUSTER_SIZE: int, **flags: bool) -> list[str]:
+    """Limits of ``kernels_tlx.multi_cta``'s TILES_PER_CTA option (two column tiles per CTA), shared by its
+    TilingConfig and this module's cluster form (which builds that config only at the first call); ``flags``: the
+    config's PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER values. One message per violated limit."""
+    if TILES_PER_CTA not in (1, 2):
+        return [f"TILES_PER_CTA={TILES_PER_CTA} must be 1 or 2 (more tiles per CTA are not implemented; at "
+                "BLOCK_N = 256 two parked tiles would not fit beside the ring in 227 KB)"]
+    if TILES_PER_CTA == 1:
+        return []
+    why = {"PINGPONG": "not implemented (the two-tile mainloop is cooperative)",
+           "MULTICAST_A": "not implemented (the second pass over A reloads it per CTA)",
+           "EPILOGUE_SUBTILE": "not implemented (the parked tile is stored whole)",
+           "STORE_DEFER": "implied (the parked buffer is the staging buffer, its stores already deferred): "
+                          "leave it False"}
+    errors = [f"TILES_PER_CTA=2 with {k}=True: {v}" for k, v in why.items() if flags.get(k)]
+    if CLUSTER_SIZE > 8:
+        errors.append(f"TILES_PER_CTA=2 needs CLUSTER_SIZE <= 8, got {CLUSTER_SIZE}")
+    return errors
+
+
 def consumer_register_errors(NUM_CONSUMERS: int, CONSUMER_REGS: int, STATS_REGS: int | None = None) -> list[str]:
     """``setmaxnreg`` limits of the consumer warpgroups and the register file they share with the 4-warp producer
     (for 1 or 2 consumers; other counts are rejected by the caller) and, when ``STATS_REGS`` is given, with a
@@ -307,14 +327,9 @@ class TilingConfig(TilingConfigBase):
             set_ += [f"TILES_PER_CTA={self.TILES_PER_CTA}"] if self.TILES_PER_CTA != 1 else []
             errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / TILES_PER_CTA are options of the cluster "
                           "form: they need CLUSTER_SIZE > 1")
-        if self.CLUSTER_SIZE > 1 and self.TILES_PER_CTA != 1:
-            # (checked here too: multi_cta's TilingConfig, which also rejects these, is built only at the first call)
-            if self.TILES_PER_CTA != 2:
-                errors.append(f"TILES_PER_CTA={self.TILES_PER_CTA} must be 1 or 2")
-            clash = [k for k in ("MULTICAST_A", "STORE_DEFER", "EPILOGUE_SUBTILE") if getattr(self, k)]
-            if clash:
-                errors.append(f"TILES_PER_CTA=2 with {', '.join(f'{k}=True' for k in clash)}: not implemented "
-                              "(STORE_DEFER is implied: the parked buffer's stores are already deferred)")
+        if self.CLUSTER_SIZE > 1:  # (multi_cta's TilingConfig runs the same check, but is built only at the first call)
+            errors += tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, MULTICAST_A=self.MULTICAST_A,
+                                           STORE_DEFER=self.STORE_DEFER, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE)
         if self.STATS_WARPGROUP and self.STATS_IN_PRODUCER:
             errors.append("STATS_WARPGROUP and STATS_IN_PRODUCER are exclusive (who computes the statistics)")
         if self.STATS_WARPGROUP and self.BLOCK_N > 128:

@@ -323,18 +323,9 @@ class TilingConfig(TilingConfigBase):
                               f"{self.NUM_CONSUMERS}")
             if self.MULTICAST_A:
                 errors.append("PINGPONG=True with MULTICAST_A=True is not implemented")
-        if self.TILES_PER_CTA not in (1, 2):
-            errors.append(f"TILES_PER_CTA={self.TILES_PER_CTA} must be 1 or 2 (more tiles per CTA are not "
-                          "implemented; at BLOCK_N = 256 two parked tiles would not fit beside the ring in 227 KB)")
-        elif self.TILES_PER_CTA == 2:
-            why = {"PINGPONG": "not implemented (the two-tile mainloop is cooperative)",
-                   "MULTICAST_A": "not implemented (the second pass over A reloads it per CTA)",
-                   "EPILOGUE_SUBTILE": "not implemented (the parked tile is stored whole)",
-                   "STORE_DEFER": "implied (the parked buffer is the staging buffer, its stores already deferred): "
-                                  "leave it False"}
-            errors += [f"TILES_PER_CTA=2 with {k}=True: {v}" for k, v in why.items() if getattr(self, k)]
-            if self.CLUSTER_SIZE > 8:
-                errors.append(f"TILES_PER_CTA=2 needs CLUSTER_SIZE <= 8, got {self.CLUSTER_SIZE}")
+        errors += _lp.tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, PINGPONG=self.PINGPONG,
+                                           MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE,
+                                           STORE_DEFER=self.STORE_DEFER)
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -565,12 +556,11 @@ def _ln_partials(acc, off, N, n, ROWS: tl.constexpr, WIDTH: tl.constexpr, EVEN: 
     then (0, 0)): ``(sum, sum over valid columns of (x - sum / n)^2)``; EVEN (every column valid, n == WIDTH, a
     power of 2): unmasked, ``1 / WIDTH`` exact. TILES_PER_CTA == 2 only (the one-tile kernel keeps its inline
     forms, unchanged builds)."""
-    p0 = tl.sum(acc, axis=1)
     if EVEN:
-        d = acc - (p0 * (1.0 / WIDTH))[:, None]
-    else:
-        ok = (off + tl.arange(0, WIDTH)) < N
-        d = tl.where(ok[None, :], acc - (p0 / tl.maximum(n, 1))[:, None], 0.0)
+        return _ln_partials_full(acc, ROWS, WIDTH)
+    p0 = tl.sum(acc, axis=1)
+    ok = (off + tl.arange(0, WIDTH)) < N
+    d = tl.where(ok[None, :], acc - (p0 / tl.maximum(n, 1))[:, None], 0.0)
     return p0, tl.sum(d * d, axis=1)
 
 
@@ -779,7 +769,9 @@ def _multi_cta_norm_kernel(
                     # the first column tile (plain mainloop: TILES == 2 excludes Lazy LayerNorm, PINGPONG and
                     # multicast), its fp32 partial statistics, then parked in out_bufs[cid] as the output dtype.
                     # "lazy_rms": the K steps ki % (C * TILES) == rank * TILES + j are this CTA's share of sum a^2
-                    # in its tile j, so the cluster's 2 C tile passes over A sum every K step once
+                    # in its tile j, so the cluster's 2 C tile passes over A sum every K step once. A loop of its
+                    # own: folding the park into the main loop's last K step (an `if` holding async_dot_wait(0))
+                    # fails to compile in fbtriton 3.7.4 ("operand does not dominate this use")
                     acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
                     s_prev = 0
                     for ki in range(0, k_tiles):
@@ -1134,12 +1126,13 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         num_stages=1,  # no compiler pipelining: the ring is explicit
     )
     T = cfg.TILES_PER_CTA
-    if cfg.LN_PACKED and norm == "layer":  # (the other kernels keep their default constexprs: unchanged builds)
-        kwargs.update(LN_PACKED=True, EVEN_N=N == C * T * bn)
+    # (the other kernels keep their default constexprs: unchanged builds)
+    if cfg.LN_PACKED and norm == "layer":
+        kwargs["LN_PACKED"] = True
+    if norm == "layer" and (cfg.LN_PACKED or T > 1):
+        kwargs["EVEN_N"] = N == C * T * bn  # the row fills the cluster: unmasked statistics
     if T > 1:
         kwargs["TILES"] = T
-        if norm == "layer":
-            kwargs["EVEN_N"] = N == C * T * bn
     if cfg.STORE_DEFER:
         kwargs["STORE_DEFER"] = True
     if cfg.PINGPONG:

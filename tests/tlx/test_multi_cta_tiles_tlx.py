@@ -83,7 +83,7 @@ def test_launch_flags_and_lazy_rejects():
     with pytest.raises(ValueError, match="TILES_PER_CTA are options of the cluster form"):
         klp.TilingConfig(TILES_PER_CTA=2)
     for bad, match in (({"TILES_PER_CTA": 3}, "TILES_PER_CTA=3 must be 1 or 2"),
-                       ({"TILES_PER_CTA": 2, "STORE_DEFER": True}, "STORE_DEFER=True: not implemented")):
+                       ({"TILES_PER_CTA": 2, "STORE_DEFER": True}, "TILES_PER_CTA=2 with STORE_DEFER=True: implied")):
         with pytest.raises(ValueError, match=match):  # at construction, not only at the first call
             klp.TilingConfig(CLUSTER_SIZE=2, **bad)
     with pytest.raises(ValueError, match="N > 4096 is not supported"):
