@@ -267,6 +267,13 @@ class TilingConfig(TilingConfigBase):
             and Lazy RMSNorm (each CTA sums a^2 over K steps ``ki % (2 C) == 2 rank + j`` in its tile j); not Lazy
             LayerNorm, PINGPONG, MULTICAST_A, EPILOGUE_SUBTILE or STORE_DEFER. See "TILES_PER_CTA" in the module
             docstring.
+        EPILOGUE_OVERLAP: each M-tile's tiles are parked in shared memory un-normalized (output dtype, one
+            [64, BLOCK_N] buffer per consumer and tile: TILES_PER_CTA of them), their statistics sent through
+            DSMEM, and the exchange wait, normalization and TMA stores run during the *next* M-tile's first
+            mainloop, one 64-column chunk per K step while its wgmma run. RMSNorm and LayerNorm (needs
+            LN_PACKED=True); ``matmul_cluster`` runs the kernel without it. Not with PINGPONG / MULTICAST_A /
+            EPILOGUE_SUBTILE / STORE_DEFER (implied), not Lazy Pre-Norm. See "EPILOGUE_OVERLAP" in the module
+            docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -286,6 +293,7 @@ class TilingConfig(TilingConfigBase):
     STORE_DEFER: bool = False
     PINGPONG: bool = False
     TILES_PER_CTA: int = 1
+    EPILOGUE_OVERLAP: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -326,6 +334,15 @@ class TilingConfig(TilingConfigBase):
         errors += _lp.tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, PINGPONG=self.PINGPONG,
                                            MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE,
                                            STORE_DEFER=self.STORE_DEFER)
+        if self.EPILOGUE_OVERLAP:
+            why = {"PINGPONG": "not implemented (the deferred epilogue rides on the cooperative mainloop)",
+                   "MULTICAST_A": "not implemented",
+                   "EPILOGUE_SUBTILE": "not implemented (the parked tiles are stored whole)",
+                   "STORE_DEFER": "implied (the parked buffers are the staging buffers): leave it False"}
+            errors += [f"EPILOGUE_OVERLAP=True with {k}=True: {v}" for k, v in why.items() if getattr(self, k)]
+            if not self.LN_PACKED:
+                errors.append("EPILOGUE_OVERLAP=True needs LN_PACKED=True (the deferred LayerNorm statistics are the "
+                              "packed one-word exchange; RMSNorm is unaffected by LN_PACKED)")
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -352,10 +369,13 @@ class TilingConfig(TilingConfigBase):
     def smem_bytes(self, block_n: int, nstat: int = 2, itemsize: int = 2) -> int:
         """Estimated shared memory per CTA: the (A, B) ring (with PINGPONG one 64-row A box per stage), the epilogue
         staging tile (half with EPILOGUE_SUBTILE; with STORE_DEFER the explicit per-consumer buffers, same
-        size), the DSMEM exchange slots (2 buffers x consumers x ``nstat`` x CLUSTER_SIZE x 64 fp32;
-        LayerNorm has 2 statistics), mbarriers and 1 KB of slack. Checked against ``metadata.shared`` in tests."""
+        size; with EPILOGUE_OVERLAP one per consumer and tile), the DSMEM exchange slots (2 buffers x consumers x
+        ``nstat`` x CLUSTER_SIZE x 64 fp32; LayerNorm has 2 statistics), mbarriers and 1 KB of slack. Checked
+        against ``metadata.shared`` in tests."""
         ring = self.NUM_STAGES * (self.a_stage_rows * self.BLOCK_K + self.BLOCK_K * block_n) * itemsize
         epilogue = self.BLOCK_M * (block_n // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
+        if self.EPILOGUE_OVERLAP:
+            epilogue *= self.TILES_PER_CTA
         slots = 0
         if self.CLUSTER_SIZE > 1:
             slots = _NUM_DSMEM_BUFFERS * self.NUM_CONSUMERS * nstat * self.CLUSTER_SIZE * self.rows_per_consumer * 4
@@ -449,6 +469,20 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "c2_t2_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, LN_PACKED=True),
     "c4_t2_lnpack": TilingConfig(CLUSTER_SIZE=4, TILES_PER_CTA=2, LN_PACKED=True),
     "c8_t2_lnpack": TilingConfig(CLUSTER_SIZE=8, TILES_PER_CTA=2, LN_PACKED=True),
+    # EPILOGUE_OVERLAP: the M-tile's normalization, exchange wait and stores run under the next M-tile's first
+    # mainloop. One tile per CTA: the STORE_DEFER shared memory (c4: N = 1024, c8: 2048); two tiles: two parked
+    # buffers per consumer (128 KB) leave room for a 3-stage ring of BLOCK_K = 32 only (c2: N = 1024, c4: 2048);
+    # c1 / c1_t2 (no cluster) for the self-check. RMSNorm runs the same kernels without LN_PACKED.
+    # control: the two-tile kernel on the same BLOCK_K = 32 ring, without the overlap
+    "c2_t2_bk32_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, BLOCK_K=32, LN_PACKED=True),
+    "c1_ovl": TilingConfig(CLUSTER_SIZE=1, LN_PACKED=True, EPILOGUE_OVERLAP=True),
+    "c4_ovl_lnpack": TilingConfig(CLUSTER_SIZE=4, LN_PACKED=True, EPILOGUE_OVERLAP=True),
+    "c8_ovl_lnpack": TilingConfig(CLUSTER_SIZE=8, LN_PACKED=True, EPILOGUE_OVERLAP=True),
+    "c1_t2_ovl": TilingConfig(CLUSTER_SIZE=1, TILES_PER_CTA=2, BLOCK_K=32, LN_PACKED=True, EPILOGUE_OVERLAP=True),
+    "c2_t2_ovl_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, BLOCK_K=32, LN_PACKED=True,
+                                     EPILOGUE_OVERLAP=True),
+    "c4_t2_ovl_lnpack": TilingConfig(CLUSTER_SIZE=4, TILES_PER_CTA=2, BLOCK_K=32, LN_PACKED=True,
+                                     EPILOGUE_OVERLAP=True),
 }
 
 
@@ -585,6 +619,89 @@ def _chan_merge(s0, m0, n0, s1, m1, n1, WIDTH: tl.constexpr, EVEN: tl.constexpr)
 
 
 @triton.jit
+def _ovl_send(slots, bar, p0, p1, base, rank, C: tl.constexpr, RECV_BYTES: tl.constexpr, PACKED: tl.constexpr):
+    """EPILOGUE_OVERLAP: arm this M-tile's exchange barrier and push this CTA's per-row partials (RMSNorm: sum x^2;
+    LN_PACKED: the (sum, M2) word) into its own slot and the same slot of every peer; the wait is deferred
+    (``_ovl_stats``). Same slots, bytes and WAR argument as the immediate exchange (module docstring)."""
+    tlx.barrier_expect_bytes(bar, RECV_BYTES)
+    if PACKED:
+        own = _pack_f32x2(p0, p1)
+    else:
+        own = p0
+    tlx.local_store(slots[base + rank], own)
+    for p in tl.static_range(C):
+        if p != rank:
+            tlx.async_remote_shmem_store(dst=slots[base + rank], src=own, remote_cta_rank=p, barrier=bar)
+
+
+@triton.jit
+def _ovl_stats(slots, recv_bars, mean, rstd, t, cid: tl.constexpr, row0, mean_ptr, rstd_ptr, rank, M, N, eps,
+               C: tl.constexpr, NUM_CONSUMERS: tl.constexpr, W: tl.constexpr, BM_C: tl.constexpr,
+               RMS: tl.constexpr, EVEN_N: tl.constexpr, EXCHANGE: tl.constexpr):
+    """EPILOGUE_OVERLAP, first deferred step for M-tile ``t`` (rows ``row0 ...``): wait for the peers' partials
+    and combine all C in rank order (RMSNorm: rstd; LayerNorm: Chan's merge of the packed words), as the
+    immediate exchange does; without a cluster ``mean`` / ``rstd`` were computed at the park. Rank 0 writes
+    ``mean`` / ``rstd`` (rows < M). Returns ``(mean, rstd)`` fp32 [BM_C] (RMSNorm: mean unused)."""
+    if EXCHANGE:
+        buf = t % 2
+        base = (buf * NUM_CONSUMERS + cid) * C
+        tlx.barrier_wait(recv_bars[buf * NUM_CONSUMERS + cid], (t // 2) & 1)
+        if RMS:
+            total = tl.zeros([BM_C], dtype=tl.float32)
+            for r in tl.static_range(C):
+                total += tlx.local_load(slots[base + r])
+            rstd = tl.math.rsqrt(total / N + eps)
+            mean = rstd
+        else:
+            total = tl.zeros([BM_C], dtype=tl.float32)
+            for r in tl.static_range(C):
+                q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
+                total += q0
+            if EVEN_N:
+                mean = total * (1.0 / (C * W))
+            else:
+                mean = total / N
+            m2 = tl.zeros([BM_C], dtype=tl.float32)
+            for r in tl.static_range(C):
+                q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
+                if EVEN_N:
+                    dm = q0 * (1.0 / W) - mean
+                    m2 += q1 + W * dm * dm
+                else:
+                    n_r = tl.minimum(N - r * W, W).to(tl.float32)
+                    dm = q0 / n_r - mean
+                    m2 += q1 + n_r * dm * dm
+            rstd = tl.math.rsqrt(m2 / N + eps)
+    rows = row0 + tl.arange(0, BM_C)
+    stat_ok = (rows < M) & (rank == 0)
+    tl.store(rstd_ptr + rows, rstd, mask=stat_ok)
+    if not RMS:
+        tl.store(mean_ptr + rows, mean, mask=stat_ok)
+    return mean, rstd
+
+
+@triton.jit
+def _ovl_chunk(buf, c_desc, w_ptr, bias_ptr, mean, rstd, row0, col0, M, N, q: tl.constexpr, NCH: tl.constexpr,
+               BM_C: tl.constexpr, CHUNK: tl.constexpr, RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """EPILOGUE_OVERLAP, one deferred step: normalize column chunk ``q`` (of ``NCH``) of a parked tile in place
+    (output dtype in, fp32 math, output dtype out), affine; after its last chunk, TMA-store the tile at
+    ``[row0, col0]`` (rows past M clipped; a tile wholly past N or M is not stored)."""
+    part = tlx.local_slice(buf, [0, q * CHUNK], [BM_C, CHUNK])
+    x = tlx.local_load(part).to(tl.float32)
+    if RMS:
+        x = x * rstd[:, None]
+    else:
+        x = x * rstd[:, None] - (mean * rstd)[:, None]
+    if HAS_W or HAS_B:
+        x = _affine(x, w_ptr, bias_ptr, col0 + q * CHUNK, N, row0 < M, CHUNK, HAS_W, HAS_B)
+    tlx.local_store(part, x.to(tlx.dtype_of(c_desc)))
+    if q == NCH - 1:
+        tlx.fence("async_shared")
+        if (row0 < M) & (col0 < N):
+            tlx.async_descriptor_store(c_desc, buf, [row0, col0])
+
+
+@triton.jit
 def _multi_cta_norm_kernel(
     a_desc,  # TMA descriptor of A [M, K], block [64 (/ C with MULTICAST_A), BLOCK_K]
     b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
@@ -616,6 +733,7 @@ def _multi_cta_norm_kernel(
     a_ptr=None,  # "lazy_layer": A [M, K] itself, for the per-row shift A[:, 0]
     EVEN_K: tl.constexpr = False,  # "lazy_layer": K % BLOCK_K == 0 (no K-tail mask in the shifted sums)
     TILES: tl.constexpr = 1,  # TilingConfig.TILES_PER_CTA: BLOCK_N tiles per CTA, computed one after the other
+    OVERLAP: tl.constexpr = False,  # TilingConfig.EPILOGUE_OVERLAP ("rms" / "layer" only)
 ):
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
@@ -655,7 +773,10 @@ def _multi_cta_norm_kernel(
             # slot ((b * NUM_CONSUMERS + cid) * NSTAT + stat) * C + r receives rank r's partial
             slots = tlx.local_alloc((BM_C, ), tl.float32, NB * NUM_CONSUMERS * NSTAT * C)
         recv_bars = tlx.alloc_barriers(num_barriers=NB * NUM_CONSUMERS, arrive_count=1)
-    if STORE_DEFER or TILES > 1:
+    if OVERLAP:
+        # the parked tiles, un-normalized: tile j of consumer cid in out_bufs[j * NUM_CONSUMERS + cid]
+        out_bufs = tlx.local_alloc((BM_C, BLOCK_N), tlx.dtype_of(c_desc), NUM_CONSUMERS * TILES)
+    elif STORE_DEFER or TILES > 1:
         # output staging; TILES == 2: also the parked first tile (module docstring, "TILES_PER_CTA")
         out_bufs = tlx.local_alloc((BM_C, BLOCK_N), tlx.dtype_of(c_desc), NUM_CONSUMERS)
     if C > 1:
@@ -761,6 +882,16 @@ def _multi_cta_norm_kernel(
             else:
                 it = 0
             t = 0  # tiles done by this consumer: selects the exchange buffer and its phase
+            if OVERLAP:
+                # the previous M-tile's deferred epilogue: its rows, statistics (carried: computed at its park
+                # without a cluster, by its first deferred step with one), TILES * NCH chunk steps
+                NCH: tl.constexpr = BLOCK_N // PARK_CHUNK
+                prev_cm = 0
+                mean_c = tl.zeros([BM_C], dtype=tl.float32)
+                rstd_c = tl.zeros([BM_C], dtype=tl.float32)
+                if not EXCHANGE:  # (placeholders: unused without the exchange)
+                    slots = out_bufs
+                    recv_bars = full_bars
             for pid_m in range(cluster_id, num_pid_m, num_clusters):
                 off_cm = pid_m * BLOCK_M + cid * BM_C
                 if LAZY:
@@ -782,6 +913,17 @@ def _multi_cta_norm_kernel(
                             if ki % (C * TILES) == rank * TILES:
                                 x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
                                 ss += tl.sum(x * x, axis=1)
+                        if OVERLAP:  # the previous M-tile's epilogue, one step per K step, under this wgmma
+                            if t > 0:
+                                if ki == 0:
+                                    mean_c, rstd_c = _ovl_stats(slots, recv_bars, mean_c, rstd_c, t - 1, cid, prev_cm,
+                                                                mean_ptr, rstd_ptr, rank, M, N, eps, C, NUM_CONSUMERS,
+                                                                W, BM_C, RMS_LIKE, EVEN_N, EXCHANGE)
+                                for c in tl.static_range(TILES * NCH):
+                                    if ki == c + 1:
+                                        _ovl_chunk(out_bufs[(c // NCH) * NUM_CONSUMERS + cid], c_desc, w_ptr, bias_ptr,
+                                                   mean_c, rstd_c, prev_cm, off_n + (c // NCH) * BLOCK_N, M, N, c % NCH,
+                                                   NCH, BM_C, PARK_CHUNK, RMS_LIKE, HAS_W, HAS_B)
                         acc = tlx.async_dot_wait(1, acc)
                         if ki > 0:
                             tlx.barrier_arrive(empty_bars[s_prev])
@@ -789,6 +931,13 @@ def _multi_cta_norm_kernel(
                         it += 1
                     acc = tlx.async_dot_wait(0, acc)
                     tlx.barrier_arrive(empty_bars[s_prev])
+                    if OVERLAP:  # the deferred steps a short K loop had no room for
+                        if t > 0:
+                            for c in tl.static_range(TILES * NCH):
+                                if c + 1 >= k_tiles:
+                                    _ovl_chunk(out_bufs[(c // NCH) * NUM_CONSUMERS + cid], c_desc, w_ptr, bias_ptr,
+                                               mean_c, rstd_c, prev_cm, off_n + (c // NCH) * BLOCK_N, M, N, c % NCH,
+                                               NCH, BM_C, PARK_CHUNK, RMS_LIKE, HAS_W, HAS_B)
                     # the previous M-tile's last store has finished reading out_bufs[cid] (it drained during the
                     # mainloop above); waited for before the statistics, as STORE_DEFER does
                     tlx.async_descriptor_store_wait(0)
@@ -839,6 +988,16 @@ def _multi_cta_norm_kernel(
                                                     EVEN_K)
                             s1 += q1
                             s2 += q2
+                    if OVERLAP and TILES == 1:  # the previous M-tile's epilogue (as in the two-tile first loop)
+                        if t > 0:
+                            if ki == 0:
+                                mean_c, rstd_c = _ovl_stats(slots, recv_bars, mean_c, rstd_c, t - 1, cid, prev_cm,
+                                                            mean_ptr, rstd_ptr, rank, M, N, eps, C, NUM_CONSUMERS, W,
+                                                            BM_C, RMS_LIKE, EVEN_N, EXCHANGE)
+                            for c in tl.static_range(NCH):
+                                if ki == c + 1:
+                                    _ovl_chunk(out_bufs[cid], c_desc, w_ptr, bias_ptr, mean_c, rstd_c, prev_cm, off_n, M,
+                                               N, c, NCH, BM_C, PARK_CHUNK, RMS_LIKE, HAS_W, HAS_B)
                     acc = tlx.async_dot_wait(1, acc)  # the previous wgmma has retired: release its slot
                     if ki > 0:
                         if MULTICAST_A:  # the slot is refilled by every CTA's multicast: release it everywhere
@@ -860,201 +1019,244 @@ def _multi_cta_norm_kernel(
                         tlx.barrier_arrive(empty_bars[s_prev], 1, remote_cta_rank=r)
                 else:
                     tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
-                if STORE_DEFER:
-                    # the previous tile's store (this consumer's only pending bulk group) has finished reading
-                    # out_bufs[cid]: waited for only now, after this tile's mainloop, during which it drained
-                    # (here, not just before the local_store: a barrier between the normalization and the store
-                    # makes ptxas keep more values live across it and spill)
-                    tlx.async_descriptor_store_wait(0)
-
-                if NORM == "none":
-                    y = acc
-                else:
-                    # 1. per-row partials of this CTA's columns (TMA zero-filled acc past N: adds nothing)
-                    if NORM == "rms":
+                if OVERLAP:
+                    if TILES == 1:
+                        if t > 0:  # the deferred steps a short K loop had no room for
+                            for c in tl.static_range(NCH):
+                                if c + 1 >= k_tiles:
+                                    _ovl_chunk(out_bufs[cid], c_desc, w_ptr, bias_ptr, mean_c, rstd_c, prev_cm, off_n, M,
+                                               N, c, NCH, BM_C, PARK_CHUNK, RMS_LIKE, HAS_W, HAS_B)
+                        tlx.async_descriptor_store_wait(0)  # the previous M-tile's store has read out_bufs[cid]
+                    # this M-tile's partials from the fp32 accumulator, sent now; the wait, the normalization and
+                    # the stores run during the next M-tile's first mainloop (or after the walk: the last M-tile)
+                    if RMS_LIKE:
                         p0 = tl.sum(acc * acc, axis=1)
                         if TILES > 1:
                             p0 += f0
-                    elif LAZY:
-                        p0 = ss
-                    elif LAZY_LN:
-                        p0 = s1
-                        p1 = s2
-                    elif TILES > 1:  # Chan's merge of this CTA's two tiles (the second may lie past N: n1 = 0)
+                        p1 = p0
+                    elif TILES > 1:
                         n1 = tl.minimum(tl.maximum(N - off_nt, 0), BLOCK_N)
                         r0, r1 = _ln_partials(acc, off_nt, N, n1, BM_C, BLOCK_N, EVEN_N)
                         p0, p1 = _chan_merge(f0, f1, n_local, r0, r1, n1, BLOCK_N, EVEN_N)
-                    elif LN_PACKED and EVEN_N:
-                        p0, p1 = _ln_partials_full(acc, BM_C, BLOCK_N)
                     else:
-                        p0 = tl.sum(acc, axis=1)
-                        d = tl.where(col_ok[None, :], acc - (p0 / n_local)[:, None], 0.0)
-                        p1 = tl.sum(d * d, axis=1)
-                    if EXCHANGE and PACKED:
-                        # 2'. LN_PACKED: one 64-bit DSMEM store per peer and row (and the own word into the own slot:
-                        # reading it back keeps the combine in the load layout, so that the mean / rstd stores need no
-                        # shared-memory layout conversion, which the combine from registers gets)
+                        p0, p1 = _ln_partials(acc, off_nt, N, n_local, BM_C, BLOCK_N, EVEN_N)
+                    if EXCHANGE:
                         buf = t % NB
-                        base = (buf * NUM_CONSUMERS + cid) * C
-                        bar = recv_bars[buf * NUM_CONSUMERS + cid]
-                        tlx.barrier_expect_bytes(bar, RECV_BYTES)
-                        own = _pack_f32x2(p0, p1)
-                        tlx.local_store(slots[base + rank], own)
-                        for p in tl.static_range(C):
-                            if p != rank:
-                                tlx.async_remote_shmem_store(dst=slots[base + rank], src=own, remote_cta_rank=p,
-                                                             barrier=bar)
-                        tlx.barrier_wait(bar, (t // NB) & 1)
-                        # 3'. the same rank-order Chan merge
-                        total = tl.zeros([BM_C], dtype=tl.float32)
-                        for r in tl.static_range(C):
-                            q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
-                            total += q0
-                        if EVEN_N:
-                            mean = total * (1.0 / (C * W))  # N == C * W (powers of 2: exact)
-                        else:
-                            mean = total / N
-                        m2 = tl.zeros([BM_C], dtype=tl.float32)
-                        for r in tl.static_range(C):
-                            q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
-                            if EVEN_N:
-                                dm = q0 * (1.0 / W) - mean
-                                m2 += q1 + W * dm * dm
-                            else:
-                                n_r = tl.minimum(N - r * W, W).to(tl.float32)
-                                dm = q0 / n_r - mean
-                                m2 += q1 + n_r * dm * dm
-                        rstd = tl.math.rsqrt(m2 / N + eps)
-                    elif EXCHANGE:
-                        # 2. DSMEM all-to-all of the partials (module docstring)
-                        buf = t % NB
-                        base = (buf * NUM_CONSUMERS + cid) * NSTAT * C
-                        bar = recv_bars[buf * NUM_CONSUMERS + cid]
-                        tlx.barrier_expect_bytes(bar, RECV_BYTES)
-                        tlx.local_store(slots[base + rank], p0)
-                        if NSTAT == 2:
-                            tlx.local_store(slots[base + C + rank], p1)
-                        for p in tl.static_range(C):
-                            if p != rank:
-                                tlx.async_remote_shmem_store(dst=slots[base + rank], src=p0, remote_cta_rank=p,
-                                                             barrier=bar)
-                                if NSTAT == 2:
-                                    tlx.async_remote_shmem_store(dst=slots[base + C + rank], src=p1,
-                                                                 remote_cta_rank=p, barrier=bar)
-                        tlx.barrier_wait(bar, (t // NB) & 1)
-                        # 3. rank-order combine: identical fp32 sums in every CTA, every run
-                        if RMS_LIKE:
-                            total = tl.zeros([BM_C], dtype=tl.float32)
-                            for r in tl.static_range(C):
-                                total += tlx.local_load(slots[base + r])
-                            rstd = tl.math.rsqrt(total / (K if LAZY else N) + eps)
-                        elif LAZY_LN:  # the shifted partial sums of all ranks add (same shift)
-                            t1 = tl.zeros([BM_C], dtype=tl.float32)
-                            t2 = tl.zeros([BM_C], dtype=tl.float32)
-                            for r in tl.static_range(C):
-                                t1 += tlx.local_load(slots[base + r])
-                                t2 += tlx.local_load(slots[base + C + r])
-                            d = t1 / K
-                            mean = shift + d
-                            rstd = tl.math.rsqrt(tl.maximum(t2 / K - d * d, 0.0) + eps)
-                        else:
-                            total = tl.zeros([BM_C], dtype=tl.float32)
-                            for r in tl.static_range(C):
-                                total += tlx.local_load(slots[base + r])
-                            mean = total / N
-                            m2 = tl.zeros([BM_C], dtype=tl.float32)
-                            for r in tl.static_range(C):  # Chan's merge of (n_r, mean_r, M2_r)
-                                n_r = tl.minimum(N - r * W, W).to(tl.float32)
-                                dm = tlx.local_load(slots[base + r]) / n_r - mean
-                                m2 += tlx.local_load(slots[base + C + r]) + n_r * dm * dm
-                            rstd = tl.math.rsqrt(m2 / N + eps)
+                        _ovl_send(slots, recv_bars[buf * NUM_CONSUMERS + cid], p0, p1, (buf * NUM_CONSUMERS + cid) * C,
+                                  rank, C, RECV_BYTES, PACKED)
+                    elif RMS_LIKE:
+                        rstd_c = tl.math.rsqrt(p0 / N + eps)
                     else:
-                        if RMS_LIKE:
-                            rstd = tl.math.rsqrt(p0 / (K if LAZY else N) + eps)
-                        elif LAZY_LN:
-                            d = p0 / K
-                            mean = shift + d
-                            rstd = tl.math.rsqrt(tl.maximum(p1 / K - d * d, 0.0) + eps)
-                        else:
-                            mean = p0 / N  # n_local == N: p1 is the centred sum of squares of the whole row
-                            rstd = tl.math.rsqrt(p1 / N + eps)
-                    # 4. normalize the fp32 accumulator, affine, statistics (rank 0)
-                    if RMS_LIKE:
-                        y = acc * rstd[:, None]
-                    elif LAZY_LN:
-                        y = acc  # normalized with the colsum / beta_b correction per column chunk below
-                    elif LN_PACKED:
-                        y = acc * rstd[:, None] - (mean * rstd)[:, None]  # one FMA per element
-                    else:
-                        y = (acc - mean[:, None]) * rstd[:, None]
-                    rows = off_cm + tl.arange(0, BM_C)
-                    if C > 1:
-                        stat_ok = (rows < M) & (rank == 0)
-                    else:
-                        stat_ok = rows < M
-                    tl.store(rstd_ptr + rows, rstd, mask=stat_ok)
-                    if NORM == "layer" or LAZY_LN:
-                        tl.store(mean_ptr + rows, mean, mask=stat_ok)
+                        mean_c = p0 / N
+                        rstd_c = tl.math.rsqrt(p1 / N + eps)
+                    tlx.local_store(out_bufs[(TILES - 1) * NUM_CONSUMERS + cid], acc.to(tlx.dtype_of(c_desc)))
+                    prev_cm = off_cm
                     t += 1
-                    if TILES > 1:
-                        # the parked first tile: normalized in place, PARK_CHUNK columns at a time (the register
-                        # tile stays live), then TMA-stored while the register tile is normalized
-                        live = off_cm < M
-                        for c in tl.static_range(BLOCK_N // PARK_CHUNK):
-                            part = tlx.local_slice(out_bufs[cid], [0, c * PARK_CHUNK], [BM_C, PARK_CHUNK])
-                            x = tlx.local_load(part).to(tl.float32)
-                            if RMS_LIKE:
-                                x = x * rstd[:, None]
-                            else:
-                                x = x * rstd[:, None] - (mean * rstd)[:, None]
-                            if HAS_W or HAS_B:
-                                x = _affine(x, w_ptr, bias_ptr, off_n + c * PARK_CHUNK, N, live, PARK_CHUNK, HAS_W,
-                                            HAS_B)
-                            tlx.local_store(part, x.to(tlx.dtype_of(c_desc)))
-                        tlx.fence("async_shared")
-                        if live:
-                            tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
-                AFFINE: tl.constexpr = HAS_W or HAS_B
-                if EPILOGUE_SUBTILE or AFFINE or LAZY_LN:
-                    # column halves (register-level splits of the accumulator layout), the affine per half/quarter
-                    y_lo, y_hi = _split_cols(y, BM_C, BLOCK_N)
-                    if LAZY_LN:  # y = acc * rstd - (rstd * mean) * colsum + beta_b, fp32, one column quarter at a time
-                        live = off_cm < M
-                        rm = rstd * mean
-                        y_lo = _lazy_ln_half(y_lo, rstd, rm, w_ptr, bias_ptr, off_nt, N, live, BM_C, BLOCK_N // 2)
-                        y_hi = _lazy_ln_half(y_hi, rstd, rm, w_ptr, bias_ptr, off_nt + BLOCK_N // 2, N, live, BM_C,
-                                             BLOCK_N // 2)
-                    elif AFFINE:
-                        live = off_cm < M  # per tile: see _affine
-                        y_lo = _affine_half(y_lo, w_ptr, bias_ptr, off_nt, N, live, BM_C, BLOCK_N // 2, HAS_W, HAS_B)
-                        y_hi = _affine_half(y_hi, w_ptr, bias_ptr, off_nt + BLOCK_N // 2, N, live, BM_C, BLOCK_N // 2,
-                                            HAS_W, HAS_B)
-                    if not EPILOGUE_SUBTILE:
-                        y = _join_cols(y_lo, y_hi, BM_C, BLOCK_N)
-                if TILES > 1:
-                    # the first tile's store has finished reading out_bufs[cid]; this one drains under the next
-                    # M-tile's first mainloop (the wait before the next park). A last rank's second tile may lie
-                    # wholly past N: no store
-                    tlx.async_descriptor_store_wait(0)
-                    if (off_cm < M) & (off_nt < N):
-                        tlx.local_store(out_bufs[cid], y.to(tlx.dtype_of(c_desc)))
-                        tlx.fence("async_shared")
-                        tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_nt])
-                elif STORE_DEFER:
-                    if off_cm < M:
-                        tlx.local_store(out_bufs[cid], y.to(tlx.dtype_of(c_desc)))
-                        tlx.fence("async_shared")  # generic-proxy smem writes -> visible to the TMA (async proxy)
-                        tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_nt])
-                elif off_cm < M:  # rows past M are clipped by TMA; wholly out-of-bounds slices skip the store
-                    if EPILOGUE_SUBTILE:
-                        c_desc.store([off_cm, off_nt], y_lo.to(tlx.dtype_of(c_desc)))
-                        c_desc.store([off_cm, off_nt + BLOCK_N // 2], y_hi.to(tlx.dtype_of(c_desc)))
+                else:
+                    if STORE_DEFER:
+                        # the previous tile's store (this consumer's only pending bulk group) has finished reading
+                        # out_bufs[cid]: waited for only now, after this tile's mainloop, during which it drained
+                        # (here, not just before the local_store: a barrier between the normalization and the store
+                        # makes ptxas keep more values live across it and spill)
+                        tlx.async_descriptor_store_wait(0)
+
+                    if NORM == "none":
+                        y = acc
                     else:
-                        c_desc.store([off_cm, off_nt], y.to(tlx.dtype_of(c_desc)))
+                        # 1. per-row partials of this CTA's columns (TMA zero-filled acc past N: adds nothing)
+                        if NORM == "rms":
+                            p0 = tl.sum(acc * acc, axis=1)
+                            if TILES > 1:
+                                p0 += f0
+                        elif LAZY:
+                            p0 = ss
+                        elif LAZY_LN:
+                            p0 = s1
+                            p1 = s2
+                        elif TILES > 1:  # Chan's merge of this CTA's two tiles (the second may lie past N: n1 = 0)
+                            n1 = tl.minimum(tl.maximum(N - off_nt, 0), BLOCK_N)
+                            r0, r1 = _ln_partials(acc, off_nt, N, n1, BM_C, BLOCK_N, EVEN_N)
+                            p0, p1 = _chan_merge(f0, f1, n_local, r0, r1, n1, BLOCK_N, EVEN_N)
+                        elif LN_PACKED and EVEN_N:
+                            p0, p1 = _ln_partials_full(acc, BM_C, BLOCK_N)
+                        else:
+                            p0 = tl.sum(acc, axis=1)
+                            d = tl.where(col_ok[None, :], acc - (p0 / n_local)[:, None], 0.0)
+                            p1 = tl.sum(d * d, axis=1)
+                        if EXCHANGE and PACKED:
+                            # 2'. LN_PACKED: one 64-bit DSMEM store per peer and row (and the own word into the own slot:
+                            # reading it back keeps the combine in the load layout, so that the mean / rstd stores need no
+                            # shared-memory layout conversion, which the combine from registers gets)
+                            buf = t % NB
+                            base = (buf * NUM_CONSUMERS + cid) * C
+                            bar = recv_bars[buf * NUM_CONSUMERS + cid]
+                            tlx.barrier_expect_bytes(bar, RECV_BYTES)
+                            own = _pack_f32x2(p0, p1)
+                            tlx.local_store(slots[base + rank], own)
+                            for p in tl.static_range(C):
+                                if p != rank:
+                                    tlx.async_remote_shmem_store(dst=slots[base + rank], src=own, remote_cta_rank=p,
+                                                                 barrier=bar)
+                            tlx.barrier_wait(bar, (t // NB) & 1)
+                            # 3'. the same rank-order Chan merge
+                            total = tl.zeros([BM_C], dtype=tl.float32)
+                            for r in tl.static_range(C):
+                                q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
+                                total += q0
+                            if EVEN_N:
+                                mean = total * (1.0 / (C * W))  # N == C * W (powers of 2: exact)
+                            else:
+                                mean = total / N
+                            m2 = tl.zeros([BM_C], dtype=tl.float32)
+                            for r in tl.static_range(C):
+                                q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
+                                if EVEN_N:
+                                    dm = q0 * (1.0 / W) - mean
+                                    m2 += q1 + W * dm * dm
+                                else:
+                                    n_r = tl.minimum(N - r * W, W).to(tl.float32)
+                                    dm = q0 / n_r - mean
+                                    m2 += q1 + n_r * dm * dm
+                            rstd = tl.math.rsqrt(m2 / N + eps)
+                        elif EXCHANGE:
+                            # 2. DSMEM all-to-all of the partials (module docstring)
+                            buf = t % NB
+                            base = (buf * NUM_CONSUMERS + cid) * NSTAT * C
+                            bar = recv_bars[buf * NUM_CONSUMERS + cid]
+                            tlx.barrier_expect_bytes(bar, RECV_BYTES)
+                            tlx.local_store(slots[base + rank], p0)
+                            if NSTAT == 2:
+                                tlx.local_store(slots[base + C + rank], p1)
+                            for p in tl.static_range(C):
+                                if p != rank:
+                                    tlx.async_remote_shmem_store(dst=slots[base + rank], src=p0, remote_cta_rank=p,
+                                                                 barrier=bar)
+                                    if NSTAT == 2:
+                                        tlx.async_remote_shmem_store(dst=slots[base + C + rank], src=p1,
+                                                                     remote_cta_rank=p, barrier=bar)
+                            tlx.barrier_wait(bar, (t // NB) & 1)
+                            # 3. rank-order combine: identical fp32 sums in every CTA, every run
+                            if RMS_LIKE:
+                                total = tl.zeros([BM_C], dtype=tl.float32)
+                                for r in tl.static_range(C):
+                                    total += tlx.local_load(slots[base + r])
+                                rstd = tl.math.rsqrt(total / (K if LAZY else N) + eps)
+                            elif LAZY_LN:  # the shifted partial sums of all ranks add (same shift)
+                                t1 = tl.zeros([BM_C], dtype=tl.float32)
+                                t2 = tl.zeros([BM_C], dtype=tl.float32)
+                                for r in tl.static_range(C):
+                                    t1 += tlx.local_load(slots[base + r])
+                                    t2 += tlx.local_load(slots[base + C + r])
+                                d = t1 / K
+                                mean = shift + d
+                                rstd = tl.math.rsqrt(tl.maximum(t2 / K - d * d, 0.0) + eps)
+                            else:
+                                total = tl.zeros([BM_C], dtype=tl.float32)
+                                for r in tl.static_range(C):
+                                    total += tlx.local_load(slots[base + r])
+                                mean = total / N
+                                m2 = tl.zeros([BM_C], dtype=tl.float32)
+                                for r in tl.static_range(C):  # Chan's merge of (n_r, mean_r, M2_r)
+                                    n_r = tl.minimum(N - r * W, W).to(tl.float32)
+                                    dm = tlx.local_load(slots[base + r]) / n_r - mean
+                                    m2 += tlx.local_load(slots[base + C + r]) + n_r * dm * dm
+                                rstd = tl.math.rsqrt(m2 / N + eps)
+                        else:
+                            if RMS_LIKE:
+                                rstd = tl.math.rsqrt(p0 / (K if LAZY else N) + eps)
+                            elif LAZY_LN:
+                                d = p0 / K
+                                mean = shift + d
+                                rstd = tl.math.rsqrt(tl.maximum(p1 / K - d * d, 0.0) + eps)
+                            else:
+                                mean = p0 / N  # n_local == N: p1 is the centred sum of squares of the whole row
+                                rstd = tl.math.rsqrt(p1 / N + eps)
+                        # 4. normalize the fp32 accumulator, affine, statistics (rank 0)
+                        if RMS_LIKE:
+                            y = acc * rstd[:, None]
+                        elif LAZY_LN:
+                            y = acc  # normalized with the colsum / beta_b correction per column chunk below
+                        elif LN_PACKED:
+                            y = acc * rstd[:, None] - (mean * rstd)[:, None]  # one FMA per element
+                        else:
+                            y = (acc - mean[:, None]) * rstd[:, None]
+                        rows = off_cm + tl.arange(0, BM_C)
+                        if C > 1:
+                            stat_ok = (rows < M) & (rank == 0)
+                        else:
+                            stat_ok = rows < M
+                        tl.store(rstd_ptr + rows, rstd, mask=stat_ok)
+                        if NORM == "layer" or LAZY_LN:
+                            tl.store(mean_ptr + rows, mean, mask=stat_ok)
+                        t += 1
+                        if TILES > 1:
+                            # the parked first tile: normalized in place, PARK_CHUNK columns at a time (the register
+                            # tile stays live), then TMA-stored while the register tile is normalized
+                            live = off_cm < M
+                            for c in tl.static_range(BLOCK_N // PARK_CHUNK):
+                                part = tlx.local_slice(out_bufs[cid], [0, c * PARK_CHUNK], [BM_C, PARK_CHUNK])
+                                x = tlx.local_load(part).to(tl.float32)
+                                if RMS_LIKE:
+                                    x = x * rstd[:, None]
+                                else:
+                                    x = x * rstd[:, None] - (mean * rstd)[:, None]
+                                if HAS_W or HAS_B:
+                                    x = _affine(x, w_ptr, bias_ptr, off_n + c * PARK_CHUNK, N, live, PARK_CHUNK, HAS_W,
+                                                HAS_B)
+                                tlx.local_store(part, x.to(tlx.dtype_of(c_desc)))
+                            tlx.fence("async_shared")
+                            if live:
+                                tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
+                    AFFINE: tl.constexpr = HAS_W or HAS_B
+                    if EPILOGUE_SUBTILE or AFFINE or LAZY_LN:
+                        # column halves (register-level splits of the accumulator layout), the affine per half/quarter
+                        y_lo, y_hi = _split_cols(y, BM_C, BLOCK_N)
+                        if LAZY_LN:  # y = acc * rstd - (rstd * mean) * colsum + beta_b, fp32, one column quarter at a time
+                            live = off_cm < M
+                            rm = rstd * mean
+                            y_lo = _lazy_ln_half(y_lo, rstd, rm, w_ptr, bias_ptr, off_nt, N, live, BM_C, BLOCK_N // 2)
+                            y_hi = _lazy_ln_half(y_hi, rstd, rm, w_ptr, bias_ptr, off_nt + BLOCK_N // 2, N, live, BM_C,
+                                                 BLOCK_N // 2)
+                        elif AFFINE:
+                            live = off_cm < M  # per tile: see _affine
+                            y_lo = _affine_half(y_lo, w_ptr, bias_ptr, off_nt, N, live, BM_C, BLOCK_N // 2, HAS_W, HAS_B)
+                            y_hi = _affine_half(y_hi, w_ptr, bias_ptr, off_nt + BLOCK_N // 2, N, live, BM_C, BLOCK_N // 2,
+                                                HAS_W, HAS_B)
+                        if not EPILOGUE_SUBTILE:
+                            y = _join_cols(y_lo, y_hi, BM_C, BLOCK_N)
+                    if TILES > 1:
+                        # the first tile's store has finished reading out_bufs[cid]; this one drains under the next
+                        # M-tile's first mainloop (the wait before the next park). A last rank's second tile may lie
+                        # wholly past N: no store
+                        tlx.async_descriptor_store_wait(0)
+                        if (off_cm < M) & (off_nt < N):
+                            tlx.local_store(out_bufs[cid], y.to(tlx.dtype_of(c_desc)))
+                            tlx.fence("async_shared")
+                            tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_nt])
+                    elif STORE_DEFER:
+                        if off_cm < M:
+                            tlx.local_store(out_bufs[cid], y.to(tlx.dtype_of(c_desc)))
+                            tlx.fence("async_shared")  # generic-proxy smem writes -> visible to the TMA (async proxy)
+                            tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_nt])
+                    elif off_cm < M:  # rows past M are clipped by TMA; wholly out-of-bounds slices skip the store
+                        if EPILOGUE_SUBTILE:
+                            c_desc.store([off_cm, off_nt], y_lo.to(tlx.dtype_of(c_desc)))
+                            c_desc.store([off_cm, off_nt + BLOCK_N // 2], y_hi.to(tlx.dtype_of(c_desc)))
+                        else:
+                            c_desc.store([off_cm, off_nt], y.to(tlx.dtype_of(c_desc)))
             if PINGPONG:
                 if cid == 0:  # consume consumer 1's last arrival (no named-barrier arrival is left pending)
                     tlx.named_barrier_wait(_PP_BAR0, 256)
-            if STORE_DEFER or TILES > 1:
+            if OVERLAP:
+                if t > 0:  # the last M-tile's deferred epilogue, with no mainloop left to hide it
+                    mean_c, rstd_c = _ovl_stats(slots, recv_bars, mean_c, rstd_c, t - 1, cid, prev_cm, mean_ptr,
+                                                rstd_ptr, rank, M, N, eps, C, NUM_CONSUMERS, W, BM_C, RMS_LIKE, EVEN_N,
+                                                EXCHANGE)
+                    for c in tl.static_range(TILES * NCH):
+                        _ovl_chunk(out_bufs[(c // NCH) * NUM_CONSUMERS + cid], c_desc, w_ptr, bias_ptr, mean_c,
+                                   rstd_c, prev_cm, off_n + (c // NCH) * BLOCK_N, M, N, c % NCH, NCH, BM_C,
+                                   PARK_CHUNK, RMS_LIKE, HAS_W, HAS_B)
+            if STORE_DEFER or TILES > 1 or OVERLAP:
                 tlx.async_descriptor_store_wait(0)  # the staging buffer must outlive the last store's read
             if C > 1:
                 tlx.cluster_barrier()  # exit rendezvous: no peer stores into / arrives on this CTA afterwards
@@ -1133,6 +1335,14 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         kwargs["EVEN_N"] = N == C * T * bn  # the row fills the cluster: unmasked statistics
     if T > 1:
         kwargs["TILES"] = T
+    if cfg.EPILOGUE_OVERLAP:
+        if norm in ("lazy_rms", "lazy_layer"):
+            raise ValueError(f"Lazy Pre-Norm ({norm}): EPILOGUE_OVERLAP=True is not supported (the deferred epilogue "
+                             "takes the output's statistics)")
+        if norm in ("rms", "layer"):
+            kwargs["OVERLAP"] = True
+        elif T == 1:  # matmul_cluster: the same schedule's GEMM, its store deferred as the fused kernel's
+            kwargs["STORE_DEFER"] = True
     if cfg.STORE_DEFER:
         kwargs["STORE_DEFER"] = True
     if cfg.PINGPONG:
@@ -1502,6 +1712,12 @@ _CHECK_SHAPES = [
     # first holds 88; c4_t2 at N = 1800: rank 3's second tile holds 8 columns
     (257, 600, 520),
     (1000, 1800, 264),
+    # EPILOGUE_OVERLAP: walks of several M-tiles, so that the deferred epilogue runs inside the next mainloop
+    # (K = 520) and, with K = 72 (2-3 K steps), mostly after it
+    (17793, 200, 520),
+    (40000, 200, 72),
+    (40000, 1000, 72),
+    (40000, 2000, 72),
     (262144, 1024, 1024),  # blog shape (skipped by --quick)
 ]
 _BENCH_SHAPES = [(262144, N, K) for K in (512, 1024, 2048) for N in (512, 1024, 2048, 4096)]
