@@ -913,7 +913,15 @@ def _multi_cta_norm_kernel(
                             if ki % (C * TILES) == rank * TILES:
                                 x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
                                 ss += tl.sum(x * x, axis=1)
-                        if OVERLAP:  # the previous M-tile's epilogue, one step per K step, under this wgmma
+                        acc = tlx.async_dot_wait(1, acc)
+                        if ki > 0:
+                            tlx.barrier_arrive(empty_bars[s_prev])
+                        s_prev = s
+                        it += 1
+                        # EPILOGUE_OVERLAP: the previous M-tile's epilogue, one step per K step, under this wgmma;
+                        # after the release (a release held back by it would delay the ring's refill: with 3 stages
+                        # the producer runs only one slot ahead)
+                        if OVERLAP:
                             if t > 0:
                                 if ki == 0:
                                     mean_c, rstd_c = _ovl_stats(slots, recv_bars, mean_c, rstd_c, t - 1, cid, prev_cm,
@@ -924,11 +932,6 @@ def _multi_cta_norm_kernel(
                                         _ovl_chunk(out_bufs[(c // NCH) * NUM_CONSUMERS + cid], c_desc, w_ptr, bias_ptr,
                                                    mean_c, rstd_c, prev_cm, off_n + (c // NCH) * BLOCK_N, M, N, c % NCH,
                                                    NCH, BM_C, PARK_CHUNK, RMS_LIKE, HAS_W, HAS_B)
-                        acc = tlx.async_dot_wait(1, acc)
-                        if ki > 0:
-                            tlx.barrier_arrive(empty_bars[s_prev])
-                        s_prev = s
-                        it += 1
                     acc = tlx.async_dot_wait(0, acc)
                     tlx.barrier_arrive(empty_bars[s_prev])
                     if OVERLAP:  # the deferred steps a short K loop had no room for
@@ -988,6 +991,15 @@ def _multi_cta_norm_kernel(
                                                     EVEN_K)
                             s1 += q1
                             s2 += q2
+                    acc = tlx.async_dot_wait(1, acc)  # the previous wgmma has retired: release its slot
+                    if ki > 0:
+                        if MULTICAST_A:  # the slot is refilled by every CTA's multicast: release it everywhere
+                            for r in tl.static_range(C):
+                                tlx.barrier_arrive(empty_bars[s_prev], 1, remote_cta_rank=r)
+                        else:
+                            tlx.barrier_arrive(empty_bars[s_prev])
+                    s_prev = s
+                    it += 1
                     if OVERLAP and TILES == 1:  # the previous M-tile's epilogue (as in the two-tile first loop)
                         if t > 0:
                             if ki == 0:
@@ -998,15 +1010,6 @@ def _multi_cta_norm_kernel(
                                 if ki == c + 1:
                                     _ovl_chunk(out_bufs[cid], c_desc, w_ptr, bias_ptr, mean_c, rstd_c, prev_cm, off_n, M,
                                                N, c, NCH, BM_C, PARK_CHUNK, RMS_LIKE, HAS_W, HAS_B)
-                    acc = tlx.async_dot_wait(1, acc)  # the previous wgmma has retired: release its slot
-                    if ki > 0:
-                        if MULTICAST_A:  # the slot is refilled by every CTA's multicast: release it everywhere
-                            for r in tl.static_range(C):
-                                tlx.barrier_arrive(empty_bars[s_prev], 1, remote_cta_rank=r)
-                        else:
-                            tlx.barrier_arrive(empty_bars[s_prev])
-                    s_prev = s
-                    it += 1
                 if PINGPONG:
                     it += k_tiles  # skip the other consumer's steps of this M-tile
                     if cid == 0:  # all wgmma issued: the other warpgroup may issue its mainloop
