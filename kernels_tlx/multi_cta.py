@@ -120,6 +120,23 @@ ring + one [64, BLOCK_N] buffer per consumer (the compiler's staging buffer is n
 256. Limits: no PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER, not Lazy LayerNorm; with an affine
 weight and bias ptxas spills 2-5 KB (the benchmarks have none).
 
+**EPILOGUE_OVERLAP** (``TilingConfig.EPILOGUE_OVERLAP``; ``c*_ovl*``). Even with the deferred store the tensor cores
+idle through every M-tile's epilogue: the exchange wait, the normalization and the staging of the tile. With
+EPILOGUE_OVERLAP a consumer ends an M-tile with only what needs the fp32 accumulator: the per-row partials (sent
+through DSMEM at once, the same slots, bytes and double-buffer WAR argument as above: each CTA still sends tile t + 1
+only after its wait for tile t) and the *un-normalized* tile parked in shared memory as the output dtype (one
+``[64, BLOCK_N]`` buffer per consumer and column tile, ``out_bufs[j * NUM_CONSUMERS + cid]``). The rest is deferred
+into the next M-tile's first mainloop, one step per K step, each issued after that step's wgmma and slot release
+(a step that held back the release delayed the ring's refill: with 3 stages and ``async_dot_wait(1)`` the producer
+runs one slot ahead): step 0 waits for the peers' partials and combines them in rank order (rank 0 writes mean /
+rstd), steps 1 ... TILES * BLOCK_N / 64 normalize one 64-column chunk of a parked tile in place (fp32 math) and,
+after a tile's last chunk, issue its TMA store. Steps a short K loop has no room for run after it; the last M-tile's
+after the walk. Before a tile is parked again, ``cp.async.bulk.wait_group.read 0``. Every output element is rounded
+to the output dtype once before its normalization (the unfused GEMM + norm does the same). Shared memory: one tile
+per CTA needs the STORE_DEFER buffer only; two need 128 KB of parked tiles, which leaves room for a 3-stage
+``BLOCK_K = 32`` ring only (``c2_t2_ovl_lnpack``; ``c2_t2_bk32_lnpack`` is the same ring without the overlap).
+RMSNorm and LayerNorm (LN_PACKED); not PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / Lazy Pre-Norm.
+
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
 - Every CTA holds, per (buffer ``b``, consumer, statistic), C fp32 slots of ``[64]`` (slot ``r`` receives rank
@@ -1621,6 +1638,7 @@ def _ptx_extras(ptx: str) -> dict:
         "mbarrier_try_wait": ptx.count("mbarrier.try_wait"),
         "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
         "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)),
+        "tma_store": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)),
         "reqnctapercluster": (re.search(r"\.reqnctapercluster\s+([\d, ]+)", ptx) or [None, None])[1],
     }
 
