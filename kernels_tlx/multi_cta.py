@@ -751,6 +751,9 @@ def _multi_cta_norm_kernel(
     EVEN_K: tl.constexpr = False,  # "lazy_layer": K % BLOCK_K == 0 (no K-tail mask in the shifted sums)
     TILES: tl.constexpr = 1,  # TilingConfig.TILES_PER_CTA: BLOCK_N tiles per CTA, computed one after the other
     OVERLAP: tl.constexpr = False,  # TilingConfig.EPILOGUE_OVERLAP ("rms" / "layer" only)
+    # probe only (tools/multi_cta_overlap_probe.py; never set by the library), one-tile OVERLAP kernels: 1 = only the
+    # exchange wait inside the next mainloop, the chunks after it; 2 = the whole deferred epilogue after it
+    PROBE_OVL: tl.constexpr = 0,
 ):
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
@@ -1019,12 +1022,12 @@ def _multi_cta_norm_kernel(
                     it += 1
                     if OVERLAP and TILES == 1:  # the previous M-tile's epilogue (as in the two-tile first loop)
                         if t > 0:
-                            if ki == 0:
+                            if (ki == 0) & (PROBE_OVL < 2):
                                 mean_c, rstd_c = _ovl_stats(slots, recv_bars, mean_c, rstd_c, t - 1, cid, prev_cm,
                                                             mean_ptr, rstd_ptr, rank, M, N, eps, C, NUM_CONSUMERS, W,
                                                             BM_C, RMS_LIKE, EVEN_N, EXCHANGE)
                             for c in tl.static_range(NCH):
-                                if ki == c + 1:
+                                if (ki == c + 1) & (PROBE_OVL == 0):
                                     _ovl_chunk(out_bufs[cid], c_desc, w_ptr, bias_ptr, mean_c, rstd_c, prev_cm, off_n, M,
                                                N, c, NCH, BM_C, PARK_CHUNK, RMS_LIKE, HAS_W, HAS_B)
                 if PINGPONG:
@@ -1042,8 +1045,12 @@ def _multi_cta_norm_kernel(
                 if OVERLAP:
                     if TILES == 1:
                         if t > 0:  # the deferred steps a short K loop had no room for
+                            if PROBE_OVL == 2:
+                                mean_c, rstd_c = _ovl_stats(slots, recv_bars, mean_c, rstd_c, t - 1, cid, prev_cm,
+                                                            mean_ptr, rstd_ptr, rank, M, N, eps, C, NUM_CONSUMERS, W,
+                                                            BM_C, RMS_LIKE, EVEN_N, EXCHANGE)
                             for c in tl.static_range(NCH):
-                                if c + 1 >= k_tiles:
+                                if (c + 1 >= k_tiles) | (PROBE_OVL > 0):
                                     _ovl_chunk(out_bufs[cid], c_desc, w_ptr, bias_ptr, mean_c, rstd_c, prev_cm, off_n, M,
                                                N, c, NCH, BM_C, PARK_CHUNK, RMS_LIKE, HAS_W, HAS_B)
                         tlx.async_descriptor_store_wait(0)  # the previous M-tile's store has read out_bufs[cid]
