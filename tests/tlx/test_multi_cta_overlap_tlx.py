@@ -11,8 +11,7 @@ normalization and the TMA stores deferred into the next M-tile's first mainloop.
   after a short one, after the walk).
 
 Compile-only cannot see deadlocks or numerics: ``python -m kernels_tlx.multi_cta --quick --no-bench --config c1_ovl
---config c4_ovl_lnpack --config c8_ovl_lnpack --config c1_t2_ovl --config c2_t2_ovl_lnpack --config
-c4_t2_ovl_lnpack`` on the H200 is the correctness test.
+--config c4_ovl_lnpack --config c8_ovl_lnpack --config c2_t2_ovl_lnpack`` on the H200 is the correctness test.
 """
 
 from __future__ import annotations
