@@ -637,6 +637,32 @@ def _chan_merge(s0, m0, n0, s1, m1, n1, WIDTH: tl.constexpr, EVEN: tl.constexpr)
 
 
 @triton.jit
+def _packed_combine(slots, base, N, eps, C: tl.constexpr, W: tl.constexpr, BM_C: tl.constexpr, EVEN_N: tl.constexpr):
+    """LN_PACKED: the rank-order Chan merge of the C packed (sum, M2) words in ``slots[base + r]`` (rank r owns
+    ``min(N - r W, W)`` columns; EVEN_N: every rank W, a power of 2, so the divisions are exact). Returns
+    ``(mean, rstd)`` fp32 [BM_C]; every CTA adds the same values in the same order (bit-identical statistics)."""
+    total = tl.zeros([BM_C], dtype=tl.float32)
+    for r in tl.static_range(C):
+        q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
+        total += q0
+    if EVEN_N:
+        mean = total * (1.0 / (C * W))  # N == C * W (powers of 2: exact)
+    else:
+        mean = total / N
+    m2 = tl.zeros([BM_C], dtype=tl.float32)
+    for r in tl.static_range(C):
+        q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
+        if EVEN_N:
+            dm = q0 * (1.0 / W) - mean
+            m2 += q1 + W * dm * dm
+        else:
+            n_r = tl.minimum(N - r * W, W).to(tl.float32)
+            dm = q0 / n_r - mean
+            m2 += q1 + n_r * dm * dm
+    return mean, tl.math.rsqrt(m2 / N + eps)
+
+
+@triton.jit
 def _ovl_send(slots, bar, p0, p1, base, rank, C: tl.constexpr, RECV_BYTES: tl.constexpr, PACKED: tl.constexpr):
     """EPILOGUE_OVERLAP: arm this M-tile's exchange barrier and push this CTA's per-row partials (RMSNorm: sum x^2;
     LN_PACKED: the (sum, M2) word) into its own slot and the same slot of every peer; the wait is deferred
@@ -671,25 +697,7 @@ def _ovl_stats(slots, recv_bars, mean, rstd, t, cid: tl.constexpr, row0, mean_pt
             rstd = tl.math.rsqrt(total / N + eps)
             mean = rstd
         else:
-            total = tl.zeros([BM_C], dtype=tl.float32)
-            for r in tl.static_range(C):
-                q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
-                total += q0
-            if EVEN_N:
-                mean = total * (1.0 / (C * W))
-            else:
-                mean = total / N
-            m2 = tl.zeros([BM_C], dtype=tl.float32)
-            for r in tl.static_range(C):
-                q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
-                if EVEN_N:
-                    dm = q0 * (1.0 / W) - mean
-                    m2 += q1 + W * dm * dm
-                else:
-                    n_r = tl.minimum(N - r * W, W).to(tl.float32)
-                    dm = q0 / n_r - mean
-                    m2 += q1 + n_r * dm * dm
-            rstd = tl.math.rsqrt(m2 / N + eps)
+            mean, rstd = _packed_combine(slots, base, N, eps, C, W, BM_C, EVEN_N)
     rows = row0 + tl.arange(0, BM_C)
     stat_ok = (rows < M) & (rank == 0)
     tl.store(rstd_ptr + rows, rstd, mask=stat_ok)
@@ -1127,25 +1135,7 @@ def _multi_cta_norm_kernel(
                                                                  barrier=bar)
                             tlx.barrier_wait(bar, (t // NB) & 1)
                             # 3'. the same rank-order Chan merge
-                            total = tl.zeros([BM_C], dtype=tl.float32)
-                            for r in tl.static_range(C):
-                                q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
-                                total += q0
-                            if EVEN_N:
-                                mean = total * (1.0 / (C * W))  # N == C * W (powers of 2: exact)
-                            else:
-                                mean = total / N
-                            m2 = tl.zeros([BM_C], dtype=tl.float32)
-                            for r in tl.static_range(C):
-                                q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
-                                if EVEN_N:
-                                    dm = q0 * (1.0 / W) - mean
-                                    m2 += q1 + W * dm * dm
-                                else:
-                                    n_r = tl.minimum(N - r * W, W).to(tl.float32)
-                                    dm = q0 / n_r - mean
-                                    m2 += q1 + n_r * dm * dm
-                            rstd = tl.math.rsqrt(m2 / N + eps)
+                            mean, rstd = _packed_combine(slots, base, N, eps, C, W, BM_C, EVEN_N)
                         elif EXCHANGE:
                             # 2. DSMEM all-to-all of the partials (module docstring)
                             buf = t % NB
