@@ -411,7 +411,10 @@ class TilingConfig(TilingConfigBase):
             errors.append(f"shared memory: estimated {self.smem_bytes(bn)} B > {SMEM_LIMIT_BYTES} B (227 KB) for "
                           f"NUM_STAGES={self.NUM_STAGES}, tile {self.BLOCK_M}x{bn}x{self.BLOCK_K}, "
                           f"CLUSTER_SIZE={self.CLUSTER_SIZE}, EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE} "
-                          "(fewer stages or EPILOGUE_SUBTILE=True)")
+                          + ("(EPILOGUE_OVERLAP=True with TILES_PER_CTA=2 parks two tiles per consumer: use BLOCK_K=32 "
+                             "with NUM_STAGES=3, as c2_t2_ovl_lnpack)"
+                             if self.EPILOGUE_OVERLAP and self.TILES_PER_CTA > 1 else
+                             "(fewer stages or EPILOGUE_SUBTILE=True)"))
         return errors
 
     def block_n(self, N: int) -> int:
@@ -1315,6 +1318,9 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
     """Validate, allocate the outputs and build the descriptors and launch arguments (grid not final: the
     persistent cluster count needs the compiled kernel, ``_grid``). ``ln_vectors``: ``(colsum, beta_b)`` of the
     "lazy_layer" norm (validated by the caller; None allocates empty ones: compile-only and occupancy queries)."""
+    if norm in ("lazy_rms", "lazy_layer") and cfg.EPILOGUE_OVERLAP:  # (first: it also implies LN_PACKED)
+        raise ValueError(f"Lazy Pre-Norm ({norm}): EPILOGUE_OVERLAP=True is not supported (the deferred epilogue "
+                         "takes the output's statistics): use a config without it")
     if norm in ("lazy_rms", "lazy_layer") and cfg.PINGPONG:
         raise ValueError(f"Lazy Pre-Norm ({norm}): PINGPONG=True is not supported (the cooperative ring only)")
     if norm == "lazy_layer" and cfg.LN_PACKED:
@@ -1354,9 +1360,6 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
     if T > 1:
         kwargs["TILES"] = T
     if cfg.EPILOGUE_OVERLAP:
-        if norm in ("lazy_rms", "lazy_layer"):
-            raise ValueError(f"Lazy Pre-Norm ({norm}): EPILOGUE_OVERLAP=True is not supported (the deferred epilogue "
-                             "takes the output's statistics)")
         if norm in ("rms", "layer"):
             kwargs["OVERLAP"] = True
         elif T == 1:  # matmul_cluster: the same schedule's GEMM, its store deferred as the fused kernel's

@@ -53,7 +53,7 @@ def test_shared_memory_fit():
     assert one.smem_bytes(256, 2) == TilingConfig(CLUSTER_SIZE=4, LN_PACKED=True, STORE_DEFER=True).smem_bytes(256, 2)
     assert one.block_n(1024) == 256
     # two parked tiles per consumer (128 KB) beside the 3-stage BLOCK_K = 64 ring (144 KB) do not fit in 227 KB
-    with pytest.raises(ValueError, match="shared memory: estimated"):
+    with pytest.raises(ValueError, match="shared memory: estimated.*use BLOCK_K=32 with NUM_STAGES=3"):
         TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, **OVL).block_n(1024)
     two = SHIPPED_CONFIGS["c2_t2_ovl_lnpack"]
     assert two.BLOCK_K == 32 and two.block_n(1024) == 256
@@ -71,7 +71,7 @@ def test_launch_flags_and_rejects():
         *_, kw = km._prepare(a, b, None, None, 1e-5, "none", cfg, need_cuda=False)
         assert "OVERLAP" not in kw and kw.get("STORE_DEFER", False) is (T == 1), (name, kw)
         for norm in ("lazy_rms", "lazy_layer"):
-            with pytest.raises(ValueError, match="EPILOGUE_OVERLAP=True is not supported|not supported"):
+            with pytest.raises(ValueError, match="EPILOGUE_OVERLAP=True is not supported"):
                 km._prepare(a, b, None, None, 1e-5, norm, cfg, need_cuda=False)
     *_, kw = km._prepare(a, b, None, None, 1e-5, "layer", SHIPPED_CONFIGS["c4_defer_lnpack"], need_cuda=False)
     assert "OVERLAP" not in kw  # the kernel's default constexpr: an unchanged build
