@@ -140,6 +140,16 @@ H200 it is slower than the immediate epilogue (the parked form's extra shared-me
 mainloop hides: README, "EPILOGUE_OVERLAP"); ``PROBE_OVL`` is the ablation constexpr of
 ``tools/multi_cta_overlap_probe.py``.
 
+**STORE_DIRECT** (``TilingConfig.STORE_DIRECT``; ``c*_direct*``). The normalized register tile goes to global memory
+with no shared-memory pass: each consumer thread stores its two adjacent columns (one bf16x2 word) per row with a
+32-bit ``st.global`` written as inline PTX (``_store_direct_acc``), in the wgmma accumulator layout; a plain
+``tl.store`` gets a coalesced layout from the compiler, i.e. a ``convert_layout`` through shared memory, plus its
+scratch buffer. A warp's store then covers 16 bytes of each of 8 rows (half a 32-byte sector each), against the TMA
+store's full lines. Rows past M and columns past N get address 0 and are skipped (N % 8 == 0, so a pair is wholly
+in or out). One tile per CTA drops the 64 KB staging tile (``c4_direct_s4_lnpack``: a 4-stage ring in its place);
+two tiles keep the parked buffer, whose chunks are stored (coalesced ``tl.store``) from the registers they are
+normalized in, so the parked tile crosses shared memory twice instead of four times.
+
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
 - Every CTA holds, per (buffer ``b``, consumer, statistic), C fp32 slots of ``[64]`` (slot ``r`` receives rank
@@ -294,6 +304,12 @@ class TilingConfig(TilingConfigBase):
             LN_PACKED=True); ``matmul_cluster`` runs the kernel without it. Not with PINGPONG / MULTICAST_A /
             EPILOGUE_SUBTILE / STORE_DEFER (implied), not Lazy Pre-Norm. See "EPILOGUE_OVERLAP" in the module
             docstring.
+        STORE_DIRECT: the output tile is written from registers by 32-bit ``st.global`` (each thread's two adjacent
+            columns of the wgmma accumulator layout, inline PTX: a ``tl.store`` would convert the tile to a coalesced
+            layout through shared memory), with no staging buffer and no TMA store; with TILES_PER_CTA = 2 the
+            parked tile's chunks are stored (coalesced) from the registers they are normalized in. One tile per
+            CTA frees the staging tile's shared memory (room for NUM_STAGES = 4). Bit-identical results. Not with
+            PINGPONG / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP. See "STORE_DIRECT" in the module docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -314,6 +330,7 @@ class TilingConfig(TilingConfigBase):
     PINGPONG: bool = False
     TILES_PER_CTA: int = 1
     EPILOGUE_OVERLAP: bool = False
+    STORE_DIRECT: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -363,6 +380,11 @@ class TilingConfig(TilingConfigBase):
             if not self.LN_PACKED:
                 errors.append("EPILOGUE_OVERLAP=True needs LN_PACKED=True (the deferred LayerNorm statistics are the "
                               "packed one-word exchange; RMSNorm is unaffected by LN_PACKED)")
+        if self.STORE_DIRECT:
+            why = {"PINGPONG": "not implemented", "EPILOGUE_SUBTILE": "not implemented (no staging tile to split)",
+                   "STORE_DEFER": "not applicable (there is no staging buffer to defer)",
+                   "EPILOGUE_OVERLAP": "not implemented (the deferred epilogue stores its parked tiles by TMA)"}
+            errors += [f"STORE_DIRECT=True with {k}=True: {v}" for k, v in why.items() if getattr(self, k)]
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -394,6 +416,8 @@ class TilingConfig(TilingConfigBase):
         against ``metadata.shared`` in tests."""
         ring = self.NUM_STAGES * (self.a_stage_rows * self.BLOCK_K + self.BLOCK_K * block_n) * itemsize
         epilogue = self.BLOCK_M * (block_n // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
+        if self.STORE_DIRECT and self.TILES_PER_CTA == 1:
+            epilogue = 0  # stored from registers (TILES_PER_CTA = 2 keeps the parked buffer)
         if self.EPILOGUE_OVERLAP:
             epilogue *= self.TILES_PER_CTA
         slots = 0
@@ -504,6 +528,14 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "c8_ovl_lnpack": TilingConfig(CLUSTER_SIZE=8, LN_PACKED=True, EPILOGUE_OVERLAP=True),
     "c2_t2_ovl_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, BLOCK_K=32, LN_PACKED=True,
                                      EPILOGUE_OVERLAP=True),
+    # STORE_DIRECT: the output leaves from registers by st.global, no staging tile and no TMA store. One tile per
+    # CTA frees the 64 KB staging buffer: room for a 4-stage ring (_s4); two tiles keep the parked buffer (its
+    # chunks are stored from the registers they are normalized in). c1: the self-check.
+    "c1_direct": TilingConfig(CLUSTER_SIZE=1, STORE_DIRECT=True),
+    "c4_direct_lnpack": TilingConfig(CLUSTER_SIZE=4, LN_PACKED=True, STORE_DIRECT=True),
+    "c4_direct_s4_lnpack": TilingConfig(CLUSTER_SIZE=4, NUM_STAGES=4, LN_PACKED=True, STORE_DIRECT=True),
+    "c8_direct_s4_lnpack": TilingConfig(CLUSTER_SIZE=8, NUM_STAGES=4, LN_PACKED=True, STORE_DIRECT=True),
+    "c2_t2_direct_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, LN_PACKED=True, STORE_DIRECT=True),
 }
 
 
@@ -731,6 +763,31 @@ def _ovl_chunk(buf, c_desc, w_ptr, bias_ptr, mean, rstd, row0, col0, M, N, q: tl
 
 
 @triton.jit
+def _store_direct(c_ptr, y, row0, col0, M, N, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    # STORE_DIRECT, a tile loaded from shared memory (a blocked layout): rows [row0, row0 + ROWS) x columns
+    # [col0, col0 + WIDTH) of the row-major Y [M, N], coalesced vector stores
+    rows = row0 + tl.arange(0, ROWS)
+    cols = col0 + tl.arange(0, WIDTH)
+    ptrs = c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
+    tl.store(ptrs, y.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+
+@triton.jit
+def _store_direct_acc(c_ptr, y, row0, col0, M, N, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    # STORE_DIRECT, a tile in the wgmma accumulator layout: each thread stores its two adjacent columns as one
+    # 32-bit st.global, in that layout (a tl.store would be given a coalesced layout, i.e. a convert_layout through
+    # shared memory). Relies on the layout's pairs (2 consecutive columns per thread, the packed elements) and on N
+    # even (TMA: N % 8 == 0), so a pair is wholly in or out of bounds; a masked-off pair's address is 0 (no store)
+    rows = row0 + tl.arange(0, ROWS)
+    cols = col0 + tl.arange(0, WIDTH)
+    ptrs = c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
+    addr = tl.where((rows < M)[:, None] & (cols < N)[None, :], ptrs.to(tl.int64, bitcast=True), 0)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.u64 p, $2, 0; @p st.global.b32 [$2], $4; mov.b32 $0, 0; mov.b32 $1, 0; }",
+        "=r,=r,l,l,r", [addr, y.to(c_ptr.dtype.element_ty)], dtype=tl.int32, is_pure=False, pack=2)
+
+
+@triton.jit
 def _multi_cta_norm_kernel(
     a_desc,  # TMA descriptor of A [M, K], block [64 (/ C with MULTICAST_A), BLOCK_K]
     b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
@@ -766,6 +823,8 @@ def _multi_cta_norm_kernel(
     # probe only (tools/multi_cta_overlap_probe.py; never set by the library), one-tile OVERLAP kernels: 1 = only the
     # exchange wait inside the next mainloop, the chunks after it; 2 = the whole deferred epilogue after it
     PROBE_OVL: tl.constexpr = 0,
+    DIRECT: tl.constexpr = False,  # TilingConfig.STORE_DIRECT
+    c_ptr=None,  # DIRECT: Y [M, N] itself (row-major), for the stores from registers
 ):
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
@@ -980,11 +1039,15 @@ def _multi_cta_norm_kernel(
                         f0 = tl.sum(acc * acc, axis=1)
                     elif NORM == "layer":
                         f0, f1 = _ln_partials(acc, off_n, N, n_local, BM_C, BLOCK_N, EVEN_N)
-                    tlx.local_store(out_bufs[cid], acc.to(tlx.dtype_of(c_desc)))
-                    if NORM == "none":  # no statistic to wait for: store the first tile now
-                        tlx.fence("async_shared")
+                    if NORM == "none" and DIRECT:  # no statistic to wait for: store the first tile now
                         if off_cm < M:
-                            tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
+                            _store_direct_acc(c_ptr, acc, off_cm, off_n, M, N, BM_C, BLOCK_N)
+                    else:
+                        tlx.local_store(out_bufs[cid], acc.to(tlx.dtype_of(c_desc)))
+                        if NORM == "none":  # no statistic to wait for: store the first tile now
+                            tlx.fence("async_shared")
+                            if off_cm < M:
+                                tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
                     # the second tile's accumulator starts at 0 in the first's registers (a select on a condition
                     # that is false at run time, K < 0: with a zero constant ptxas spills the zeros)
                     acc = tl.where(K < 0, acc, 0.0)
@@ -1224,10 +1287,15 @@ def _multi_cta_norm_kernel(
                                 if HAS_W or HAS_B:
                                     x = _affine(x, w_ptr, bias_ptr, off_n + c * PARK_CHUNK, N, live, PARK_CHUNK, HAS_W,
                                                 HAS_B)
-                                tlx.local_store(part, x.to(tlx.dtype_of(c_desc)))
-                            tlx.fence("async_shared")
-                            if live:
-                                tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
+                                if DIRECT:
+                                    if live:
+                                        _store_direct(c_ptr, x, off_cm, off_n + c * PARK_CHUNK, M, N, BM_C, PARK_CHUNK)
+                                else:
+                                    tlx.local_store(part, x.to(tlx.dtype_of(c_desc)))
+                            if not DIRECT:
+                                tlx.fence("async_shared")
+                                if live:
+                                    tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
                     AFFINE: tl.constexpr = HAS_W or HAS_B
                     if EPILOGUE_SUBTILE or AFFINE or LAZY_LN:
                         # column halves (register-level splits of the accumulator layout), the affine per half/quarter
@@ -1245,7 +1313,10 @@ def _multi_cta_norm_kernel(
                                                 HAS_W, HAS_B)
                         if not EPILOGUE_SUBTILE:
                             y = _join_cols(y_lo, y_hi, BM_C, BLOCK_N)
-                    if TILES > 1:
+                    if DIRECT:
+                        if off_cm < M:
+                            _store_direct_acc(c_ptr, y, off_cm, off_nt, M, N, BM_C, BLOCK_N)
+                    elif TILES > 1:
                         # the first tile's store has finished reading out_bufs[cid]; this one drains under the next
                         # M-tile's first mainloop (the wait before the next park). A last rank's second tile may lie
                         # wholly past N: no store
@@ -1321,6 +1392,9 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
     if norm in ("lazy_rms", "lazy_layer") and cfg.EPILOGUE_OVERLAP:  # (first: it also implies LN_PACKED)
         raise ValueError(f"Lazy Pre-Norm ({norm}): EPILOGUE_OVERLAP=True is not supported (the deferred epilogue "
                          "takes the output's statistics): use a config without it")
+    if norm in ("lazy_rms", "lazy_layer") and cfg.STORE_DIRECT:
+        raise ValueError(f"Lazy Pre-Norm ({norm}): STORE_DIRECT=True is not supported (not GPU-checked for the Lazy "
+                         "forms): use a config without it")
     if norm in ("lazy_rms", "lazy_layer") and cfg.PINGPONG:
         raise ValueError(f"Lazy Pre-Norm ({norm}): PINGPONG=True is not supported (the cooperative ring only)")
     if norm == "lazy_layer" and cfg.LN_PACKED:
@@ -1368,6 +1442,8 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         kwargs["STORE_DEFER"] = True
     if cfg.PINGPONG:
         kwargs["PINGPONG"] = True
+    if cfg.STORE_DIRECT:
+        kwargs.update(DIRECT=True, c_ptr=y)
     if norm == "lazy_layer":  # colsum / beta_b in the (unused: HAS_W = HAS_B = False) weight / bias slots
         if ln_vectors is None:
             ln_vectors = tuple(torch.empty(N, dtype=torch.float32, device=a.device) for _ in range(2))
