@@ -1297,7 +1297,11 @@ def _multi_cta_norm_kernel(
                                 if live:
                                     tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_n])
                     AFFINE: tl.constexpr = HAS_W or HAS_B
-                    if EPILOGUE_SUBTILE or AFFINE or LAZY_LN:
+                    if DIRECT and AFFINE:
+                        # the whole tile at once: _join_cols would reorder the accumulator layout's elements, whose
+                        # adjacent-column pairs _store_direct_acc relies on
+                        y = _affine(y, w_ptr, bias_ptr, off_nt, N, off_cm < M, BLOCK_N, HAS_W, HAS_B)
+                    elif EPILOGUE_SUBTILE or AFFINE or LAZY_LN:
                         # column halves (register-level splits of the accumulator layout), the affine per half/quarter
                         y_lo, y_hi = _split_cols(y, BM_C, BLOCK_N)
                         if LAZY_LN:  # y = acc * rstd - (rstd * mean) * colsum + beta_b, fp32, one column quarter at a time
