@@ -411,13 +411,15 @@ class TilingConfig(TilingConfigBase):
     def smem_bytes(self, block_n: int, nstat: int = 2, itemsize: int = 2) -> int:
         """Estimated shared memory per CTA: the (A, B) ring (with PINGPONG one 64-row A box per stage), the epilogue
         staging tile (half with EPILOGUE_SUBTILE; with STORE_DEFER the explicit per-consumer buffers, same
-        size; with EPILOGUE_OVERLAP one per consumer and tile), the DSMEM exchange slots (2 buffers x consumers x
+        size; with EPILOGUE_OVERLAP one per consumer and tile; with STORE_DIRECT none, 1 KB of scratch), the DSMEM exchange slots (2 buffers x consumers x
         ``nstat`` x CLUSTER_SIZE x 64 fp32; LayerNorm has 2 statistics), mbarriers and 1 KB of slack. Checked
         against ``metadata.shared`` in tests."""
         ring = self.NUM_STAGES * (self.a_stage_rows * self.BLOCK_K + self.BLOCK_K * block_n) * itemsize
         epilogue = self.BLOCK_M * (block_n // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
-        if self.STORE_DIRECT and self.TILES_PER_CTA == 1:
-            epilogue = 0  # stored from registers (TILES_PER_CTA = 2 keeps the parked buffer)
+        if self.STORE_DIRECT:
+            # stored from registers (TILES_PER_CTA = 2 keeps the parked buffer); 1 KB for the compiler's small
+            # scratch (the affine vectors' layout conversion)
+            epilogue = (epilogue if self.TILES_PER_CTA > 1 else 0) + 1024
         if self.EPILOGUE_OVERLAP:
             epilogue *= self.TILES_PER_CTA
         slots = 0

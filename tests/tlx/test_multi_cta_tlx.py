@@ -44,7 +44,8 @@ TARGET_N = {"c1": 256, "c2": 512, "c4": 1024, "c8": 2048, "c8_mcast": 1024, "c16
             "c4_pp_lnpack": 1024, "c8_pp_lnpack": 2048, "c1_pp": 256, "c2_pp": 512, "c16_pp": 4096,
             "c1_t2": 512, "c2_t2_lnpack": 1024, "c4_t2_lnpack": 2048, "c8_t2_lnpack": 4096,
             "c2_t2_bk32_lnpack": 1024, "c1_ovl": 256, "c4_ovl_lnpack": 1024, "c8_ovl_lnpack": 2048,
-            "c2_t2_ovl_lnpack": 1024}
+            "c2_t2_ovl_lnpack": 1024, "c1_direct": 256, "c4_direct_lnpack": 1024, "c4_direct_s4_lnpack": 1024,
+            "c8_direct_s4_lnpack": 2048, "c2_t2_direct_lnpack": 1024}
 RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_subtile": 4000,
             "c4_lnpack": 392, "c8_lnpack": 1000,  # LN_PACKED: the masked statistics (N < C * BLOCK_N)
             "c4_defer_lnpack": 392, "c8_defer_lnpack": 1000, "c4_pp_lnpack": 392, "c8_pp_lnpack": 1000,
@@ -54,7 +55,10 @@ RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_
             "c1_t2": 264, "c2_t2_lnpack": 600, "c4_t2_lnpack": 1800, "c8_t2_lnpack": 4000,
             # EPILOGUE_OVERLAP (and the two-tile BLOCK_K = 32 control): the same ragged N as their twins
             "c2_t2_bk32_lnpack": 600, "c1_ovl": 200, "c4_ovl_lnpack": 392, "c8_ovl_lnpack": 1000,
-            "c2_t2_ovl_lnpack": 600}
+            "c2_t2_ovl_lnpack": 600,
+            # STORE_DIRECT: the same ragged N as their twins (masked pairs past N, rank 1's empty second tile)
+            "c1_direct": 200, "c4_direct_lnpack": 392, "c4_direct_s4_lnpack": 392, "c8_direct_s4_lnpack": 1000,
+            "c2_t2_direct_lnpack": 600}
 COMPILE_M, COMPILE_K = 4096, 1024
 OPS = ("matmul_rmsnorm", "matmul_layernorm")
 
@@ -95,7 +99,7 @@ def compiled():
 def test_targets_cover_every_shipped_config():
     assert set(TARGET_N) == set(RAGGED_N) == set(SHIPPED_CONFIGS)
     assert SHIPPED_CONFIGS["c4"] == DEFAULT_CONFIG
-    assert 3 <= len(SHIPPED_CONFIGS) <= 25
+    assert 3 <= len(SHIPPED_CONFIGS) <= 30
     for name, cfg in SHIPPED_CONFIGS.items():
         assert cfg.supports(TARGET_N[name]) and cfg.supports(RAGGED_N[name]), name
     # the blog grid (N = 512, 1024, 2048) and the Hopper limit N = 4096 each have a shipped config
