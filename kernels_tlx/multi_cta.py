@@ -308,7 +308,7 @@ class TilingConfig(TilingConfigBase):
             columns of the wgmma accumulator layout, inline PTX: a ``tl.store`` would convert the tile to a coalesced
             layout through shared memory), with no staging buffer and no TMA store; with TILES_PER_CTA = 2 the
             parked tile's chunks are stored (coalesced) from the registers they are normalized in. One tile per
-            CTA frees the staging tile's shared memory (room for NUM_STAGES = 4). Bit-identical results. Not with
+            CTA frees the staging tile's shared memory (room for NUM_STAGES = 4). The same per-element math and rounding. Not with
             PINGPONG / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP. See "STORE_DIRECT" in the module docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
