@@ -148,7 +148,10 @@ scratch buffer. A warp's store then covers 16 bytes of each of 8 rows (half a 32
 store's full lines. Rows past M and columns past N get address 0 and are skipped (N % 8 == 0, so a pair is wholly
 in or out). One tile per CTA drops the 64 KB staging tile (``c4_direct_s4_lnpack``: a 4-stage ring in its place);
 two tiles keep the parked buffer, whose chunks are stored (coalesced ``tl.store``) from the registers they are
-normalized in, so the parked tile crosses shared memory twice instead of four times.
+normalized in, so the parked tile crosses shared memory twice instead of four times. RMSNorm, LayerNorm and
+``matmul_cluster``; not PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP / Lazy Pre-Norm.
+Measured on the H200 it is slower than the staged TMA store, by 46-127 points of the norm's time at N = 1024
+(README, "STORE_DIRECT"): kept opt-in, as the record of that result.
 
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
@@ -309,7 +312,9 @@ class TilingConfig(TilingConfigBase):
             layout through shared memory), with no staging buffer and no TMA store; with TILES_PER_CTA = 2 the
             parked tile's chunks are stored (coalesced) from the registers they are normalized in. One tile per
             CTA frees the staging tile's shared memory (room for NUM_STAGES = 4). The same per-element math and rounding. Not with
-            PINGPONG / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP. See "STORE_DIRECT" in the module docstring.
+            PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP, not Lazy Pre-Norm. Measured
+            slower than the staged store on the H200 (README, "STORE_DIRECT"). See "STORE_DIRECT" in the module
+            docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -381,7 +386,8 @@ class TilingConfig(TilingConfigBase):
                 errors.append("EPILOGUE_OVERLAP=True needs LN_PACKED=True (the deferred LayerNorm statistics are the "
                               "packed one-word exchange; RMSNorm is unaffected by LN_PACKED)")
         if self.STORE_DIRECT:
-            why = {"PINGPONG": "not implemented", "EPILOGUE_SUBTILE": "not implemented (no staging tile to split)",
+            why = {"PINGPONG": "not implemented", "MULTICAST_A": "not implemented (not GPU-checked)",
+                   "EPILOGUE_SUBTILE": "not implemented (no staging tile to split)",
                    "STORE_DEFER": "not applicable (there is no staging buffer to defer)",
                    "EPILOGUE_OVERLAP": "not implemented (the deferred epilogue stores its parked tiles by TMA)"}
             errors += [f"STORE_DIRECT=True with {k}=True: {v}" for k, v in why.items() if getattr(self, k)]
@@ -440,6 +446,7 @@ class TilingConfig(TilingConfigBase):
                           + ("(EPILOGUE_OVERLAP=True with TILES_PER_CTA=2 parks two tiles per consumer: use BLOCK_K=32 "
                              "with NUM_STAGES=3, as c2_t2_ovl_lnpack)"
                              if self.EPILOGUE_OVERLAP and self.TILES_PER_CTA > 1 else
+                             "(fewer stages)" if self.STORE_DIRECT else
                              "(fewer stages or EPILOGUE_SUBTILE=True)"))
         return errors
 
@@ -532,7 +539,8 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
                                      EPILOGUE_OVERLAP=True),
     # STORE_DIRECT: the output leaves from registers by st.global, no staging tile and no TMA store. One tile per
     # CTA frees the 64 KB staging buffer: room for a 4-stage ring (_s4); two tiles keep the parked buffer (its
-    # chunks are stored from the registers they are normalized in). c1: the self-check.
+    # chunks are stored from the registers they are normalized in). c1: the self-check only. Measured slower than
+    # the staged kernels (README, "STORE_DIRECT"): kept opt-in, as the record of that result.
     "c1_direct": TilingConfig(CLUSTER_SIZE=1, STORE_DIRECT=True),
     "c4_direct_lnpack": TilingConfig(CLUSTER_SIZE=4, LN_PACKED=True, STORE_DIRECT=True),
     "c4_direct_s4_lnpack": TilingConfig(CLUSTER_SIZE=4, NUM_STAGES=4, LN_PACKED=True, STORE_DIRECT=True),

@@ -2,7 +2,7 @@
 tests/tlx/test_multi_cta_direct_tlx.py``): the normalized output written from registers by 32-bit ``st.global`` in
 the wgmma accumulator layout, with no shared-memory staging tile and no TMA store.
 
-- Config validation: not with PINGPONG / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP; Lazy Pre-Norm rejects
+- Config validation: not with PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP; Lazy Pre-Norm rejects
   it; the one-tile shared-memory estimate drops the staging tile (room for a 4-stage ring).
 - Launch flags: DIRECT and the output pointer reach the kernel only for STORE_DIRECT configs.
 - Compile-only for sm_90a at the benchmark N: no TMA store, no convert_layout of the accumulator (a plain tl.store
@@ -38,6 +38,7 @@ DIRECT = {"STORE_DIRECT": True}
 
 @pytest.mark.parametrize("bad, match", [
     ({"PINGPONG": True}, "STORE_DIRECT=True with PINGPONG=True: not implemented"),
+    ({"CLUSTER_SIZE": 4, "MULTICAST_A": True}, "STORE_DIRECT=True with MULTICAST_A=True: not implemented"),
     ({"EPILOGUE_SUBTILE": True}, "STORE_DIRECT=True with EPILOGUE_SUBTILE=True"),
     ({"STORE_DEFER": True}, "STORE_DIRECT=True with STORE_DEFER=True: not applicable"),
     ({"EPILOGUE_OVERLAP": True, "LN_PACKED": True}, "STORE_DIRECT=True with EPILOGUE_OVERLAP=True"),
