@@ -1,0 +1,57 @@
+"""tools.ncu_profile on the CPU: every target names a real tiling entry, technique, impl and variant; the ncu CSV
+parser and the summary table work on a small report of ncu's raw-page format."""
+
+import pandas as pd
+import pytest
+
+from normfuse.techniques import get_technique
+from tools import ncu_profile as npf
+
+
+@pytest.mark.parametrize("name", sorted(npf.TARGETS))
+def test_targets_resolve(name):
+    t = npf.TARGETS[name]
+    cfg = npf.load_tiling(t)
+    assert "name" not in cfg and "impls" not in cfg and cfg
+    spec = get_technique(t.technique)
+    assert spec.kernel_function_name(t.impl, t.variant)
+    assert npf.technique_eps(t.technique) > 0
+
+
+def test_load_tiling_unknown_name():
+    t = npf.Target("multi_cta", "multi_cta_h200.yaml", "no-such-entry", "fused", "layernorm", 128, 1024, 64)
+    with pytest.raises(ValueError, match="no tlx tiling named 'no-such-entry'"):
+        npf.load_tiling(t)
+
+
+RAW = ('"ID","Kernel Name","gpu__time_duration.sum","smsp__inst_executed.sum",'
+       '"smsp__pcsamp_warps_issue_stalled_barrier","smsp__pcsamp_warps_issue_stalled_barrier_not_issued",'
+       '"smsp__pcsamp_warps_issue_stalled_wait"\n'
+       '"","","ns","inst","","",""\n'
+       '"0","_multi_cta_norm_kernel","1,234.5","{inst}","{bar}","7","{wait}"\n')
+
+
+def _metrics(target, inst, bar, wait):
+    return npf.parse_raw_csv(RAW.format(inst=inst, bar=bar, wait=wait)).assign(target=target)
+
+
+def test_parse_raw_csv():
+    m = _metrics("a", 100, 30, 70).set_index("metric")
+    assert m.at["gpu__time_duration.sum", "value"] == 1234.5
+    assert m.at["gpu__time_duration.sum", "unit"] == "ns"
+    assert m.at["Kernel Name", "value"] == "_multi_cta_norm_kernel"
+
+
+def test_parse_raw_csv_without_kernel_row():
+    with pytest.raises(ValueError, match="no kernel row"):
+        npf.parse_raw_csv('"ID","gpu__time_duration.sum"\n"","ns"\n')
+
+
+def test_summarize_shares():
+    metrics = pd.concat([_metrics("fused", 200, 30, 70), _metrics("gemm", 100, 90, 10)], ignore_index=True)
+    md = npf.summarize(metrics.astype({"value": str}))
+    assert "| warp instructions | 200 | 100 |" in md
+    assert "| stall: wait (% of samples) | 70.0 | 10.0 |" in md
+    assert "| stall: barrier (% of samples) | 30.0 | 90.0 |" in md
+    assert "not_issued" not in md  # the _not_issued twins are not counted as reasons
+    assert "| total stall samples | 100 | 100 |" in md

@@ -1,0 +1,282 @@
+"""Hardware counters (Nsight Compute) for the places where the README says "not profiled": each target is one
+fused kernel or its own GEMM at a benchmark shape, built exactly as a sweep point is (the tiling entry of
+configs/tiling/*.yaml, ``normfuse.registry.kernel_function``, the technique's ``make_inputs`` / ``kernel_call``),
+checked against the fp32 reference, run once more to warm up, and then launched once inside
+``cudaProfilerStart/Stop`` so that ``ncu --profile-from-start off`` records that launch only. GPU only:
+
+    python -m tools.ncu_profile --out DIR [--rep-dir DIR2] [--targets NAME ...] [--set full]
+
+from the repository root, TLX environment on the path. ``ncu`` runs with ``--clock-control none`` (the clocks as
+found: never locked or changed) and ``--cache-control none`` (caches not flushed between replay passes, as in the
+benchmark's back-to-back launches). Writes DIR2/<target>.ncu-rep (not committed), DIR/metrics.parquet (every raw
+metric of every target, long form: target, metric, unit, value), DIR/source_top.csv (per target the SASS lines with
+the most warp-stall samples), DIR/summary.md (the derived table below) and DIR/meta.json.
+
+The counters are read once per target; durations under the profiler are not timings (replay passes, no paired
+rounds) and the table reports them only to relate the counters to each other."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL_REGEX = "regex:^_(multi_cta_norm|lazy_prenorm_ws)_kernel"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One kernel launch to profile: a tiling entry of ``tiling_file`` (TLX list) run as ``impl`` of
+    ``technique`` (``variant``) at ``M x N x K``, bf16."""
+    technique: str
+    tiling_file: str
+    tiling: str
+    impl: str
+    variant: str
+    M: int
+    N: int
+    K: int
+
+
+TARGETS = {
+    # Lazy Pre-Norm cluster form, c2 + STORE_DEFER: 1.20x its GEMM at K = 2048, 1.03x at K = 512 (README)
+    "lazy_c2defer_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-defer-128x256x64-s3",
+                                 "fused", "rmsnorm", 262144, 512, 2048),
+    "lazy_c2gemm_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-128x256x64-s3",
+                                "gemm", "rmsnorm", 262144, 512, 2048),
+    "lazy_c2defer_K512": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-defer-128x256x64-s3",
+                                "fused", "rmsnorm", 262144, 512, 512),
+    "lazy_c2gemm_K512": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-128x256x64-s3",
+                               "gemm", "rmsnorm", 262144, 512, 512),
+    "lazy_wsgemm_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "ws-persistent-128x256x64-s3",
+                                "gemm", "rmsnorm", 262144, 512, 2048),
+    # Multi-CTA LayerNorm at N = 1024: the two-tile c2 kernel (best) and its GEMM; STORE_DIRECT vs STORE_DEFER
+    "mcta_c2t2_ln_K1024": Target("multi_cta", "multi_cta_h200.yaml", "c2-t2-lnpack-persistent-s3",
+                                 "fused", "layernorm", 262144, 1024, 1024),
+    "mcta_c2t2gemm_K1024": Target("multi_cta", "multi_cta_h200.yaml", "gemm-cluster-c2-t2-128x256x64-s3",
+                                  "gemm", "layernorm", 262144, 1024, 1024),
+    "mcta_c4defer_ln_K1024": Target("multi_cta", "multi_cta_h200.yaml", "c4-defer-lnpack-persistent-s3",
+                                    "fused", "layernorm", 262144, 1024, 1024),
+    "mcta_c4direct_ln_K1024": Target("multi_cta", "multi_cta_h200.yaml", "c4-direct-lnpack-persistent-s3",
+                                     "fused", "layernorm", 262144, 1024, 1024),
+}
+
+# the counters summary.md shows (raw metric names; absent ones are left blank), then every warp-stall reason
+SUMMARY_METRICS = {
+    "gpu__time_duration.sum": "duration (ns, under the profiler)",
+    "smsp__inst_executed.sum": "warp instructions",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue active (% of cycles)",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipe (gmma) active (%)",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM throughput (% of peak)",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum": "LSU shared-memory wavefronts",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "shared-memory bank conflicts",
+    "smsp__sass_inst_executed_op_shared_ld.sum": "shared loads (warp instr.)",
+    "smsp__sass_inst_executed_op_shared_st.sum": "shared stores (warp instr.)",
+    "smsp__sass_inst_executed_op_global_st.sum": "global stores (warp instr.)",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum": "global store sectors",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum": "global store requests",
+    "dram__bytes_read.sum": "DRAM read (B)",
+    "dram__bytes_write.sum": "DRAM write (B)",
+    "lts__t_bytes.sum": "L2 traffic (B)",
+    "launch__registers_per_thread": "registers / thread",
+}
+STALL_PREFIX = "smsp__pcsamp_warps_issue_stalled_"
+
+
+def load_tiling(target: Target) -> dict:
+    """The TLX tiling entry ``target.tiling`` of ``configs/tiling/<tiling_file>`` without its bookkeeping keys
+    (name, impls); ValueError listing the names if it is not there."""
+    from omegaconf import OmegaConf
+
+    entries = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "tiling" / target.tiling_file))["tlx"]
+    by_name = {e.get("name"): e for e in entries}
+    if target.tiling not in by_name:
+        raise ValueError(f"{target.tiling_file}: no tlx tiling named {target.tiling!r}; available: "
+                         f"{', '.join(map(str, by_name))}")
+    return {k: v for k, v in by_name[target.tiling].items() if k not in ("name", "impls")}
+
+
+def technique_eps(technique: str) -> float:
+    from omegaconf import OmegaConf
+
+    return float(OmegaConf.load(ROOT / "configs" / "technique" / f"{technique}.yaml")["eps"])
+
+
+def run_child(name: str) -> None:
+    """Build, check and launch target ``name`` (in the process ncu profiles)."""
+    import torch
+
+    from normfuse.registry import get_technique, kernel_function
+
+    t = TARGETS[name]
+    spec = get_technique(t.technique)
+    eps = technique_eps(t.technique)
+    kw = {"variant": t.variant} if t.technique == "lazy_prenorm" else {}
+    inp = spec.make_inputs(t.M, t.N, t.K, dtype="bf16", device="cuda", seed=t.M + t.N + t.K, **kw)
+    fn = spec.kernel_call(kernel_function("tlx", t.technique, t.impl, t.variant), t.impl, inp, eps,
+                          load_tiling(t), t.variant)
+    res = spec.check(t.impl, fn(), inp, eps, t.variant)
+    if not res["ok"]:
+        raise SystemExit(f"{name}: failed its check against the fp32 reference: {res}")
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"{name}: checked ({res}) and profiled", flush=True)
+
+
+def parse_raw_csv(text: str):
+    """``ncu --page raw --csv --print-units base`` output (header row, units row, one row per kernel) -> long
+    DataFrame (metric, unit, value) of the first kernel; values that are not numbers are kept as strings."""
+    import pandas as pd
+
+    df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    if len(df) < 2:
+        raise ValueError("ncu raw CSV has no kernel row (was the launch profiled?)")
+    units, row = df.iloc[0], df.iloc[1]
+    out = []
+    for col in df.columns:
+        v = row[col].replace(",", "")
+        try:
+            val = float(v)
+        except ValueError:
+            val = row[col]
+        out.append({"metric": col, "unit": units[col], "value": val})
+    return pd.DataFrame(out)
+
+
+def summarize(metrics) -> str:
+    """Markdown table of ``SUMMARY_METRICS`` and the warp-stall samples (share of all samples, reasons with >= 1 %
+    in any target) per target; ``metrics``: long DataFrame (target, metric, unit, value)."""
+    import pandas as pd
+
+    num = metrics[pd.to_numeric(metrics["value"], errors="coerce").notna()].copy()
+    num["value"] = num["value"].astype(float)
+    wide = num.pivot_table(index="metric", columns="target", values="value", aggfunc="first")
+    targets = list(dict.fromkeys(metrics["target"]))
+    wide = wide.reindex(columns=targets)
+    lines = ["| counter | " + " | ".join(targets) + " |", "|---" * (len(targets) + 1) + "|"]
+    for m, label in SUMMARY_METRICS.items():
+        if m in wide.index:
+            lines.append(f"| {label} | " + " | ".join(_fmt(wide.at[m, t]) for t in targets) + " |")
+    stalls = wide[wide.index.str.startswith(STALL_PREFIX) & ~wide.index.str.endswith("_not_issued")]
+    if len(stalls):
+        share = 100 * stalls / stalls.sum()
+        keep = share[(share >= 1).any(axis=1)].sort_values(targets[0], ascending=False)
+        lines.append("| total stall samples | " + " | ".join(_fmt(stalls[t].sum()) for t in targets) + " |")
+        for m in keep.index:
+            reason = m[len(STALL_PREFIX):].split(".")[0]
+            lines.append(f"| stall: {reason} (% of samples) | " + " | ".join(f"{keep.at[m, t]:.1f}" for t in targets)
+                         + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v) -> str:
+    if v != v:  # NaN
+        return ""
+    return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.4e}"
+
+
+def source_top(rep: Path, ncu: str, n: int = 40):
+    """The ``n`` SASS lines of the report with the most warp-stall samples (``--page source``), or None when the
+    report has no source counters."""
+    import pandas as pd
+
+    p = subprocess.run([ncu, "-i", str(rep), "--page", "source", "--csv", "--print-source", "sass"],
+                       capture_output=True, text=True)
+    if p.returncode or not p.stdout.strip():
+        return None
+    df = pd.read_csv(io.StringIO(p.stdout), dtype=str, keep_default_na=False)
+    col = next((c for c in df.columns if re.fullmatch(r"Warp Stall Sampling \(All Samples\)", c)), None)
+    if col is None:
+        return None
+    df["samples"] = pd.to_numeric(df[col].str.replace(",", ""), errors="coerce").fillna(0)
+    return df.sort_values("samples", ascending=False).head(n)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="folder for the reports and tables")
+    ap.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=list(TARGETS))
+    ap.add_argument("--rep-dir", help="folder for the .ncu-rep reports (default: --out)")
+    ap.add_argument("--set", default="full", help="ncu section set (default: full)")
+    ap.add_argument("--child", choices=sorted(TARGETS), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        run_child(args.child)
+        return 0
+    if not args.out:
+        ap.error("--out is required")
+    ncu = shutil.which("ncu") or next((str(p) for p in sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))),
+                                      None)
+    if ncu is None:
+        ap.error("ncu (Nsight Compute) not found on PATH or under /opt/nvidia/nsight-compute")
+    import pandas as pd
+
+    out = Path(args.out)
+    rep_dir = Path(args.rep_dir or out)
+    for d in (out, rep_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    frames, tops, status = [], [], {}
+    for name in args.targets:
+        rep = rep_dir / name
+        cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--profile-from-start", "off",
+               "--set", args.set, "--import-source", "no", "-k", KERNEL_REGEX, "-c", "1", "-f", "-o", str(rep),
+               sys.executable, "-m", "tools.ncu_profile", "--child", name]
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=os.environ)
+        (out / f"{name}.log").write_text(p.stdout + p.stderr)
+        rep_file = rep.with_suffix(".ncu-rep")
+        if p.returncode or not rep_file.exists():
+            status[name] = f"failed (rc {p.returncode}; {name}.log)"
+            print(f"{name}: {status[name]}", flush=True)
+            continue
+        raw = subprocess.run([ncu, "-i", str(rep_file), "--page", "raw", "--csv", "--print-units", "base"],
+                             capture_output=True, text=True)
+        try:
+            m = parse_raw_csv(raw.stdout)
+        except ValueError as e:
+            status[name] = f"no metrics ({e})"
+            continue
+        frames.append(m.assign(target=name))
+        top = source_top(rep_file, ncu)
+        if top is not None:
+            tops.append(top.assign(target=name))
+        status[name] = "ok"
+        print(f"{name}: ok ({len(m)} metrics)", flush=True)
+    meta = {"tool": "tools.ncu_profile", "argv": sys.argv[1:], "status": status, "kernel_regex": KERNEL_REGEX,
+            "ncu": ncu, "ncu_version": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout,
+            "targets": {n: asdict(TARGETS[n]) for n in args.targets},
+            "ncu_flags": "--clock-control none --cache-control none --profile-from-start off --set " + args.set,
+            "checked": "every target against the fp32 reference at its shape before the profiled launch"}
+    try:
+        from normfuse import hardware
+        from normfuse.sweep import git_info
+
+        meta.update(git_info())
+        meta["gpu"] = hardware.read_gpu()
+    except Exception as e:  # noqa: BLE001 - metadata is best effort; the counters are the result
+        meta["meta_error"] = repr(e)
+    (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    if frames:
+        metrics = pd.concat(frames, ignore_index=True)
+        metrics["value"] = metrics["value"].astype(str)
+        metrics.to_parquet(out / "metrics.parquet", index=False)
+        (out / "summary.md").write_text(summarize(metrics))
+        print(summarize(metrics))
+    if tops:
+        pd.concat(tops, ignore_index=True).to_csv(out / "source_top.csv", index=False)
+    return 0 if all(s == "ok" for s in status.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
