@@ -255,6 +255,9 @@ class TilingConfig(TilingConfigBase):
             shared memory, so c2 covers N = 1024 and c4 N = 2048; each CTA sums a^2 over its 1 / (2 C) share of the
             K steps in each of its two passes over A): ``lazy_rmsnorm_matmul`` and ``matmul``; the LayerNorm op
             raises ValueError. Needs CLUSTER_SIZE > 1.
+        STATS_ELEMENTWISE: the cluster form's option of that name (a^2 accumulated elementwise in registers across
+            the K loop, reduced across threads once per tile): ``lazy_rmsnorm_matmul`` only (the LayerNorm op raises
+            ValueError; ``matmul`` ignores it). Needs CLUSTER_SIZE > 1.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -278,6 +281,7 @@ class TilingConfig(TilingConfigBase):
     TILES_PER_CTA: int = 1
     MULTICAST_A: bool = False
     STORE_DEFER: bool = False
+    STATS_ELEMENTWISE: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors()
@@ -322,11 +326,12 @@ class TilingConfig(TilingConfigBase):
             if self.REUSE_RSTD or self.stats_off_consumers or self.A_FROM_REGS or not self.LN_EPILOGUE_MMA:
                 errors.append("CLUSTER_SIZE > 1 (the cluster form) takes no REUSE_RSTD, STATS_*, A_FROM_REGS or "
                               "LN_EPILOGUE_MMA=False: its statistic is split across the cluster instead")
-        elif self.MULTICAST_A or self.STORE_DEFER or self.TILES_PER_CTA != 1:
-            set_ = [f"{k}={getattr(self, k)}" for k in ("MULTICAST_A", "STORE_DEFER") if getattr(self, k)]
+        elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.TILES_PER_CTA != 1:
+            set_ = [f"{k}={getattr(self, k)}" for k in ("MULTICAST_A", "STORE_DEFER", "STATS_ELEMENTWISE")
+                    if getattr(self, k)]
             set_ += [f"TILES_PER_CTA={self.TILES_PER_CTA}"] if self.TILES_PER_CTA != 1 else []
-            errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / TILES_PER_CTA are options of the cluster "
-                          "form: they need CLUSTER_SIZE > 1")
+            errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / STATS_ELEMENTWISE / TILES_PER_CTA are "
+                          "options of the cluster form: they need CLUSTER_SIZE > 1")
         if self.CLUSTER_SIZE > 1:  # (multi_cta's TilingConfig runs the same check, but is built only at the first call)
             errors += tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, MULTICAST_A=self.MULTICAST_A,
                                            STORE_DEFER=self.STORE_DEFER, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE)
@@ -353,7 +358,7 @@ class TilingConfig(TilingConfigBase):
             BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K, CLUSTER_SIZE=self.CLUSTER_SIZE,
             NUM_STAGES=self.NUM_STAGES, NUM_CONSUMERS=self.NUM_CONSUMERS, PERSISTENT=self.PERSISTENT,
             MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE, CONSUMER_REGS=self.CONSUMER_REGS,
-            STORE_DEFER=self.STORE_DEFER, TILES_PER_CTA=self.TILES_PER_CTA)
+            STORE_DEFER=self.STORE_DEFER, TILES_PER_CTA=self.TILES_PER_CTA, STATS_ELEMENTWISE=self.STATS_ELEMENTWISE)
 
     def supports(self, N: int) -> bool:
         """False only for the cluster form at an N its cluster does not exactly cover."""
@@ -446,6 +451,11 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     # 1/8 (N = 1024) of K instead of 1/2 or 1/4, at the cost of a narrower GEMM tile
     "cluster_c4_bn128_defer": TilingConfig(CLUSTER_SIZE=4, BLOCK_N=128, NUM_STAGES=4, STORE_DEFER=True),
     "cluster_c8_bn128_defer": TilingConfig(CLUSTER_SIZE=8, BLOCK_N=128, NUM_STAGES=4, STORE_DEFER=True),
+    # a^2 accumulated elementwise in registers, reduced across threads once per tile (TilingConfig.STATS_ELEMENTWISE)
+    "cluster_c2_defer_elem": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True),
+    "cluster_c4_defer_elem": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True),
+    "cluster_c8_defer_elem": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True, STATS_ELEMENTWISE=True),
+    "cluster_c2_t2_elem": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, STATS_ELEMENTWISE=True),
 }
 # LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
 # with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the

@@ -153,6 +153,13 @@ normalized in, so the parked tile crosses shared memory twice instead of four ti
 Measured on the H200 it is slower than the staged TMA store, by 46-127 points of the norm's time at N = 1024
 (README, "STORE_DIRECT"): kept opt-in, as the record of that result.
 
+**STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy RMSNorm). Nsight Compute on the H200 (README,
+"Where the time goes") counted the statistic of the c2 cluster form at K = 2048 as 65 % more warp instructions than
+its GEMM: at each K step a CTA owns, the row sum of the squared [64, 64] A slice ends in 3 shuffle + add levels
+per row (12 SHFL per warp), on top of the 4 shared loads, 32 bf16 -> fp32 unpacks and 32 FMAs. With the option the
+squares accumulate elementwise in a [64, BLOCK_K] fp32 register tile carried through the K loop (and through both
+tiles' loops with TILES_PER_CTA = 2), and one ``tl.sum`` per M-tile reduces it.
+
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
 - Every CTA holds, per (buffer ``b``, consumer, statistic), C fp32 slots of ``[64]`` (slot ``r`` receives rank
@@ -315,6 +322,12 @@ class TilingConfig(TilingConfigBase):
             PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP, not Lazy Pre-Norm. Measured
             slower than the staged store on the H200 (README, "STORE_DIRECT"). See "STORE_DIRECT" in the module
             docstring.
+        STATS_ELEMENTWISE: Lazy RMSNorm only: the K loop accumulates ``a^2`` elementwise in a [64, BLOCK_K] fp32
+            register tile (BLOCK_K / 2 more registers per consumer thread: 32 at BLOCK_K = 64) and reduces it across
+            threads once per M-tile, instead of a cross-thread row sum (shuffles) at every K step it owns. The sum
+            is the same set of fp32 terms in another association order (results differ by rounding only).
+            ``matmul_cluster`` runs the same GEMM without it; the other ops raise ValueError. See
+            "STATS_ELEMENTWISE" in the module docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -336,6 +349,7 @@ class TilingConfig(TilingConfigBase):
     TILES_PER_CTA: int = 1
     EPILOGUE_OVERLAP: bool = False
     STORE_DIRECT: bool = False
+    STATS_ELEMENTWISE: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -835,6 +849,7 @@ def _multi_cta_norm_kernel(
     PROBE_OVL: tl.constexpr = 0,
     DIRECT: tl.constexpr = False,  # TilingConfig.STORE_DIRECT
     c_ptr=None,  # DIRECT: Y [M, N] itself (row-major), for the stores from registers
+    SS_2D: tl.constexpr = False,  # TilingConfig.STATS_ELEMENTWISE ("lazy_rms" only)
 ):
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
@@ -996,7 +1011,10 @@ def _multi_cta_norm_kernel(
             for pid_m in range(cluster_id, num_pid_m, num_clusters):
                 off_cm = pid_m * BLOCK_M + cid * BM_C
                 if LAZY:
-                    ss = tl.zeros([BM_C], dtype=tl.float32)
+                    if SS_2D:  # a^2 elementwise, reduced across threads once per M-tile
+                        ss = tl.zeros([BM_C, BLOCK_K], dtype=tl.float32)
+                    else:
+                        ss = tl.zeros([BM_C], dtype=tl.float32)
                 if TILES > 1:
                     # the first column tile (plain mainloop: TILES == 2 excludes Lazy LayerNorm, PINGPONG and
                     # multicast), its fp32 partial statistics, then parked in out_bufs[cid] as the output dtype.
@@ -1013,7 +1031,10 @@ def _multi_cta_norm_kernel(
                         if LAZY:
                             if ki % (C * TILES) == rank * TILES:
                                 x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
-                                ss += tl.sum(x * x, axis=1)
+                                if SS_2D:
+                                    ss += x * x
+                                else:
+                                    ss += tl.sum(x * x, axis=1)
                         acc = tlx.async_dot_wait(1, acc)
                         if ki > 0:
                             tlx.barrier_arrive(empty_bars[s_prev])
@@ -1089,7 +1110,10 @@ def _multi_cta_norm_kernel(
                         # tile's share (see the first tile's loop)
                         if ki % (C * TILES) == rank * TILES + (TILES - 1):
                             x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
-                            ss += tl.sum(x * x, axis=1)
+                            if SS_2D:
+                                ss += x * x
+                            else:
+                                ss += tl.sum(x * x, axis=1)
                     if LAZY_LN:
                         if ki % C == rank:  # (the K tail, zero-filled by TMA, would add -shift: masked)
                             q1, q2 = _ln_tile_stats(a_bufs[cid * NUM_STAGES + s], shift, ki * BLOCK_K, K, BLOCK_K,
@@ -1181,7 +1205,10 @@ def _multi_cta_norm_kernel(
                             if TILES > 1:
                                 p0 += f0
                         elif LAZY:
-                            p0 = ss
+                            if SS_2D:
+                                p0 = tl.sum(ss, axis=1)
+                            else:
+                                p0 = ss
                         elif LAZY_LN:
                             p0 = s1
                             p1 = s2
@@ -1411,6 +1438,9 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
                          "forms): use a config without it")
     if norm in ("lazy_rms", "lazy_layer") and cfg.PINGPONG:
         raise ValueError(f"Lazy Pre-Norm ({norm}): PINGPONG=True is not supported (the cooperative ring only)")
+    if norm not in ("lazy_rms", "none") and cfg.STATS_ELEMENTWISE:  # (matmul_cluster: the same GEMM without it)
+        raise ValueError(f"STATS_ELEMENTWISE=True applies to Lazy Pre-Norm RMSNorm only (lazy_rmsnorm_matmul), got "
+                         f"the {norm!r} kernel: use a config without it")
     if norm == "lazy_layer" and cfg.LN_PACKED:
         raise ValueError("Lazy Pre-Norm (lazy_layer): LN_PACKED=True is not supported (the two-statistic exchange)")
     if norm == "lazy_layer" and cfg.TILES_PER_CTA > 1:
@@ -1458,6 +1488,8 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         kwargs["PINGPONG"] = True
     if cfg.STORE_DIRECT:
         kwargs.update(DIRECT=True, c_ptr=y)
+    if cfg.STATS_ELEMENTWISE and norm == "lazy_rms":
+        kwargs["SS_2D"] = True
     if norm == "lazy_layer":  # colsum / beta_b in the (unused: HAS_W = HAS_B = False) weight / bias slots
         if ln_vectors is None:
             ln_vectors = tuple(torch.empty(N, dtype=torch.float32, device=a.device) for _ in range(2))

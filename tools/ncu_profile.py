@@ -56,6 +56,9 @@ TARGETS = {
                                 "fused", "rmsnorm", 262144, 512, 512),
     "lazy_c2gemm_K512": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-128x256x64-s3",
                                "gemm", "rmsnorm", 262144, 512, 512),
+    # ... with the statistic accumulated elementwise (STATS_ELEMENTWISE: no shuffles in the K loop)
+    "lazy_c2elem_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-defer-elem-128x256x64-s3",
+                                "fused", "rmsnorm", 262144, 512, 2048),
     "lazy_wsgemm_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "ws-persistent-128x256x64-s3",
                                 "gemm", "rmsnorm", 262144, 512, 2048),
     # Multi-CTA LayerNorm at N = 1024: the two-tile c2 kernel (best) and its GEMM; STORE_DIRECT vs STORE_DEFER
