@@ -55,3 +55,39 @@ def test_summarize_shares():
     assert "| stall: barrier (% of samples) | 30.0 | 90.0 |" in md
     assert "not_issued" not in md  # the _not_issued twins are not counted as reasons
     assert "| total stall samples | 100 | 100 |" in md
+
+
+SOURCE = ('"Kernel Name","_multi_cta_norm_kernel",\n'
+          '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
+          '"Instructions Executed","stall_short_sb","stall_short_sb (Not Issued)"\n'
+          '"0x10","      LDS.128 R4, [R2]","5","1","1,000","4","1"\n'
+          '"0x20","@!P0  SHFL.BFLY PT, R5, R4, 0x4, 0x1f","9","2","3,000","0","0"\n'
+          '"0x30","      SHFL.BFLY PT, R6, R5, 0x2, 0x1f","1","0","3,000","0","0"\n')
+
+
+def test_parse_source_csv_top_lines():
+    top = npf.parse_source_csv(SOURCE, n=2)
+    assert list(top["Address"]) == ["0x20", "0x10"]  # most stall samples first
+    assert "stall_short_sb" in top.columns and "stall_short_sb (Not Issued)" not in top.columns
+    assert npf.parse_source_csv('"Kernel Name","k",\n') is None  # no source counters
+
+
+def test_opcode_counts():
+    ops = npf.opcode_counts(SOURCE).set_index("opcode")
+    assert ops.at["SHFL", "inst"] == 6000 and ops.at["SHFL", "samples"] == 10  # predicate and modifiers dropped
+    assert ops.at["LDS", "inst"] == 1000
+
+
+def test_from_csv(tmp_path):
+    src = tmp_path / "csv"
+    src.mkdir()
+    (src / "fused.raw.csv").write_text(RAW.format(inst=200, bar=30, wait=70))
+    (src / "fused.sass.csv").write_text(SOURCE)
+    (src / "gemm.raw.csv").write_text(RAW.format(inst=100, bar=90, wait=10))
+    out = tmp_path / "out"
+    assert npf.main(["--out", str(out), "--from-csv", str(src)]) == 0
+    assert set(pd.read_parquet(out / "metrics.parquet")["target"]) == {"fused", "gemm"}
+    assert "| warp instructions | 200 | 100 |" in (out / "summary.md").read_text()
+    assert set(pd.read_csv(out / "opcodes.csv")["target"]) == {"fused"}  # gemm has no source export
+    with pytest.raises(SystemExit):
+        npf.main(["--out", str(out), "--from-csv", str(tmp_path / "empty")])

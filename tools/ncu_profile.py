@@ -5,12 +5,14 @@ checked against the fp32 reference, run once more to warm up, and then launched 
 ``cudaProfilerStart/Stop`` so that ``ncu --profile-from-start off`` records that launch only. GPU only:
 
     python -m tools.ncu_profile --out DIR [--rep-dir DIR2] [--targets NAME ...] [--set full]
+    python -m tools.ncu_profile --out DIR --from-csv CSVDIR     (CPU: the tables from ncu CSV exports)
 
 from the repository root, TLX environment on the path. ``ncu`` runs with ``--clock-control none`` (the clocks as
 found: never locked or changed) and ``--cache-control none`` (caches not flushed between replay passes, as in the
 benchmark's back-to-back launches). Writes DIR2/<target>.ncu-rep (not committed), DIR/metrics.parquet (every raw
 metric of every target, long form: target, metric, unit, value), DIR/source_top.csv (per target the SASS lines with
-the most warp-stall samples), DIR/summary.md (the derived table below) and DIR/meta.json.
+the most warp-stall samples), DIR/opcodes.csv (executed instructions per SASS opcode), DIR/summary.md (counters and
+warp-stall shares side by side) and DIR/meta.json.
 
 The counters are read once per target; durations under the profiler are not timings (replay passes, no paired
 rounds) and the table reports them only to relate the counters to each other."""
@@ -75,10 +77,13 @@ TARGETS = {
 # the counters summary.md shows (raw metric names; absent ones are left blank), then every warp-stall reason
 SUMMARY_METRICS = {
     "gpu__time_duration.sum": "duration (ns, under the profiler)",
+    "sm__cycles_elapsed.avg": "SM cycles elapsed (per SM)",
+    "sm__cycles_elapsed.avg.per_second": "SM clock under the profiler (Hz)",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed": "tensor pipe active (% of elapsed)",
     "smsp__inst_executed.sum": "warp instructions",
     "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue active (% of cycles)",
-    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipe (gmma) active (%)",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM throughput (% of peak)",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed": "LSU shared-memory pipe (% of peak)",
     "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum": "LSU shared-memory wavefronts",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "shared-memory bank conflicts",
     "smsp__sass_inst_executed_op_shared_ld.sum": "shared loads (warp instr.)",
@@ -190,21 +195,59 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.4e}"
 
 
-def source_top(rep: Path, ncu: str, n: int = 40):
-    """The ``n`` SASS lines of the report with the most warp-stall samples (``--page source``), or None when the
-    report has no source counters."""
+def parse_source_csv(text: str, n: int = 40):
+    """``ncu --page source --csv --print-source sass`` output (a "Kernel Name" line, then one row per SASS
+    instruction) -> the ``n`` instructions with the most warp-stall samples, or None without source counters."""
     import pandas as pd
 
-    p = subprocess.run([ncu, "-i", str(rep), "--page", "source", "--csv", "--print-source", "sass"],
-                       capture_output=True, text=True)
-    if p.returncode or not p.stdout.strip():
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), None)
+    if start is None:
         return None
-    df = pd.read_csv(io.StringIO(p.stdout), dtype=str, keep_default_na=False)
-    col = next((c for c in df.columns if re.fullmatch(r"Warp Stall Sampling \(All Samples\)", c)), None)
-    if col is None:
+    df = pd.read_csv(io.StringIO("\n".join(lines[start:])), dtype=str, keep_default_na=False)
+    col = "Warp Stall Sampling (All Samples)"
+    if col not in df.columns:
         return None
     df["samples"] = pd.to_numeric(df[col].str.replace(",", ""), errors="coerce").fillna(0)
-    return df.sort_values("samples", ascending=False).head(n)
+    keep = [c for c in df.columns if c in ("Address", "Source", col, "Instructions Executed", "samples")
+            or c.startswith("stall_") and "Not Issued" not in c]
+    return df.sort_values("samples", ascending=False, kind="stable").head(n)[keep]
+
+
+def opcode_counts(text: str):
+    """Executed warp instructions and stall samples per SASS opcode (predicate and modifiers dropped: ``@!P0
+    IMAD.U32`` -> ``IMAD``) from an ``ncu --page source --csv --print-source sass`` export, or None."""
+    import pandas as pd
+
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), None)
+    if start is None:
+        return None
+    df = pd.read_csv(io.StringIO("\n".join(lines[start:])), dtype=str, keep_default_na=False)
+    op = df["Source"].str.strip().str.replace(r"^@!?U?P\w+\s+", "", regex=True).str.split().str[0].str.split(".").str[0]
+    num = {c: pd.to_numeric(df[c].str.replace(",", ""), errors="coerce").fillna(0)
+           for c in ("Instructions Executed", "Warp Stall Sampling (All Samples)")}
+    return (pd.DataFrame({"opcode": op, "inst": num["Instructions Executed"],
+                          "samples": num["Warp Stall Sampling (All Samples)"]})
+            .groupby("opcode", as_index=False).sum().sort_values("inst", ascending=False))
+
+
+def write_tables(out: Path, raw: dict, source: dict) -> None:
+    """DIR/metrics.parquet, DIR/summary.md and DIR/source_top.csv from ncu's CSV pages: ``raw`` and ``source``
+    map a target name to the text of its ``--page raw`` / ``--page source`` export (source may be empty)."""
+    import pandas as pd
+
+    frames = [parse_raw_csv(text).assign(target=name) for name, text in raw.items()]
+    metrics = pd.concat(frames, ignore_index=True)
+    metrics["value"] = metrics["value"].astype(str)
+    metrics.to_parquet(out / "metrics.parquet", index=False)
+    (out / "summary.md").write_text(summarize(metrics))
+    tops = [t.assign(target=name) for name, text in source.items() if (t := parse_source_csv(text)) is not None]
+    if tops:
+        pd.concat(tops, ignore_index=True).to_csv(out / "source_top.csv", index=False)
+    ops = [t.assign(target=name) for name, text in source.items() if (t := opcode_counts(text)) is not None]
+    if ops:
+        pd.concat(ops, ignore_index=True).to_csv(out / "opcodes.csv", index=False)
 
 
 def main(argv=None) -> int:
@@ -213,6 +256,8 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=list(TARGETS))
     ap.add_argument("--rep-dir", help="folder for the .ncu-rep reports (default: --out)")
     ap.add_argument("--set", default="full", help="ncu section set (default: full)")
+    ap.add_argument("--from-csv", metavar="DIR", help="no profiling: rebuild the tables in --out from ncu CSV exports "
+                    "DIR/<target>.raw.csv (and <target>.sass.csv), e.g. of reports profiled earlier")
     ap.add_argument("--child", choices=sorted(TARGETS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -220,6 +265,16 @@ def main(argv=None) -> int:
         return 0
     if not args.out:
         ap.error("--out is required")
+    if args.from_csv:
+        src = Path(args.from_csv)
+        raw = {p.name[:-len(".raw.csv")]: p.read_text() for p in sorted(src.glob("*.raw.csv"))}
+        if not raw:
+            ap.error(f"--from-csv {src}: no <target>.raw.csv files")
+        source = {n: (src / f"{n}.sass.csv").read_text() if (src / f"{n}.sass.csv").exists() else "" for n in raw}
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_tables(Path(args.out), raw, source)
+        print((Path(args.out) / "summary.md").read_text())
+        return 0
     ncu = shutil.which("ncu") or next((str(p) for p in sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))),
                                       None)
     if ncu is None:
@@ -230,7 +285,7 @@ def main(argv=None) -> int:
     rep_dir = Path(args.rep_dir or out)
     for d in (out, rep_dir):
         d.mkdir(parents=True, exist_ok=True)
-    frames, tops, status = [], [], {}
+    raw, source, status = {}, {}, {}
     for name in args.targets:
         rep = rep_dir / name
         cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--profile-from-start", "off",
@@ -243,19 +298,17 @@ def main(argv=None) -> int:
             status[name] = f"failed (rc {p.returncode}; {name}.log)"
             print(f"{name}: {status[name]}", flush=True)
             continue
-        raw = subprocess.run([ncu, "-i", str(rep_file), "--page", "raw", "--csv", "--print-units", "base"],
-                             capture_output=True, text=True)
+        page = {pg: subprocess.run([ncu, "-i", str(rep_file), "--page", pg, "--csv"] + extra, capture_output=True,
+                                   text=True).stdout
+                for pg, extra in (("raw", ["--print-units", "base"]), ("source", ["--print-source", "sass"]))}
         try:
-            m = parse_raw_csv(raw.stdout)
+            parse_raw_csv(page["raw"])
         except ValueError as e:
             status[name] = f"no metrics ({e})"
             continue
-        frames.append(m.assign(target=name))
-        top = source_top(rep_file, ncu)
-        if top is not None:
-            tops.append(top.assign(target=name))
+        raw[name], source[name] = page["raw"], page["source"]
         status[name] = "ok"
-        print(f"{name}: ok ({len(m)} metrics)", flush=True)
+        print(f"{name}: ok", flush=True)
     meta = {"tool": "tools.ncu_profile", "argv": sys.argv[1:], "status": status, "kernel_regex": KERNEL_REGEX,
             "ncu": ncu, "ncu_version": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout,
             "targets": {n: asdict(TARGETS[n]) for n in args.targets},
@@ -270,14 +323,9 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - metadata is best effort; the counters are the result
         meta["meta_error"] = repr(e)
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
-    if frames:
-        metrics = pd.concat(frames, ignore_index=True)
-        metrics["value"] = metrics["value"].astype(str)
-        metrics.to_parquet(out / "metrics.parquet", index=False)
-        (out / "summary.md").write_text(summarize(metrics))
-        print(summarize(metrics))
-    if tops:
-        pd.concat(tops, ignore_index=True).to_csv(out / "source_top.csv", index=False)
+    if raw:
+        write_tables(out, raw, source)
+        print((out / "summary.md").read_text())
     return 0 if all(s == "ok" for s in status.values()) else 1
 
 
