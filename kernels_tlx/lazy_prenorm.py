@@ -255,9 +255,9 @@ class TilingConfig(TilingConfigBase):
             shared memory, so c2 covers N = 1024 and c4 N = 2048; each CTA sums a^2 over its 1 / (2 C) share of the
             K steps in each of its two passes over A): ``lazy_rmsnorm_matmul`` and ``matmul``; the LayerNorm op
             raises ValueError. Needs CLUSTER_SIZE > 1.
-        STATS_ELEMENTWISE: the cluster form's option of that name (a^2 accumulated elementwise in registers across
-            the K loop, reduced across threads once per tile): ``lazy_rmsnorm_matmul`` only (the LayerNorm op raises
-            ValueError; ``matmul`` ignores it). Needs CLUSTER_SIZE > 1.
+        STATS_ELEMENTWISE: the cluster form's option of that name (a^2, for LayerNorm the shifted terms and their
+            squares, accumulated elementwise in registers across the K loop, reduced across threads once per tile):
+            both fused ops (``matmul`` runs the GEMM without it). Needs CLUSTER_SIZE > 1.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -480,6 +480,10 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     "ln_cluster_c2_defer": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True),
     "ln_cluster_c4_defer": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True),
     "ln_cluster_c8_defer": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True),
+    # the shifted terms and their squares accumulated elementwise in registers (TilingConfig.STATS_ELEMENTWISE)
+    "ln_cluster_c2_defer_elem": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True),
+    "ln_cluster_c4_defer_elem": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True),
+    "ln_cluster_c8_defer_elem": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True, STATS_ELEMENTWISE=True),
 }
 # ``lazy_layernorm_matmul(config=None)``: DEFAULT_CONFIG's tile with a half-size epilogue staging buffer, since the
 # LayerNorm epilogue's extra buffers do not fit beside DEFAULT_CONFIG's full one (235568 B > 232448 B).

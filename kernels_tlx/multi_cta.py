@@ -153,12 +153,13 @@ normalized in, so the parked tile crosses shared memory twice instead of four ti
 Measured on the H200 it is slower than the staged TMA store, by 46-127 points of the norm's time at N = 1024
 (README, "STORE_DIRECT"): kept opt-in, as the record of that result.
 
-**STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy RMSNorm). Nsight Compute on the H200 (README,
+**STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200 (README,
 "Where the time goes") counted the statistic of the c2 cluster form at K = 2048 as 65 % more warp instructions than
 its GEMM: at each K step a CTA owns, the row sum of the squared [64, 64] A slice ends in 3 shuffle + add levels
 per row (12 SHFL per warp), on top of the 4 shared loads, 32 bf16 -> fp32 unpacks and 32 FMAs. With the option the
 squares accumulate elementwise in a [64, BLOCK_K] fp32 register tile carried through the K loop (and through both
-tiles' loops with TILES_PER_CTA = 2), and one ``tl.sum`` per M-tile reduces it.
+tiles' loops with TILES_PER_CTA = 2), and one ``tl.sum`` per M-tile reduces it; Lazy LayerNorm carries two such
+tiles (the shifted ``y`` and ``y^2``).
 
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
@@ -322,12 +323,13 @@ class TilingConfig(TilingConfigBase):
             PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP, not Lazy Pre-Norm. Measured
             slower than the staged store on the H200 (README, "STORE_DIRECT"). See "STORE_DIRECT" in the module
             docstring.
-        STATS_ELEMENTWISE: Lazy RMSNorm only: the K loop accumulates ``a^2`` elementwise in a [64, BLOCK_K] fp32
-            register tile (BLOCK_K / 2 more registers per consumer thread: 32 at BLOCK_K = 64) and reduces it across
-            threads once per M-tile, instead of a cross-thread row sum (shuffles) at every K step it owns. The sum
-            is the same set of fp32 terms in another association order (results differ by rounding only).
-            ``matmul_cluster`` runs the same GEMM without it; the other ops raise ValueError. See
-            "STATS_ELEMENTWISE" in the module docstring.
+        STATS_ELEMENTWISE: Lazy Pre-Norm only: the K loop accumulates ``a^2`` (LayerNorm: ``y = a - shift`` and
+            ``y^2``) elementwise in [64, BLOCK_K] fp32 register tiles (BLOCK_K / 2 more registers per consumer thread
+            and statistic: 32 / 64 at BLOCK_K = 64) and reduces them across threads once per M-tile, instead of a
+            cross-thread row sum (shuffles) at every K step it owns. The sums are the same fp32 terms in another
+            association order (results differ by rounding only). ``matmul_cluster`` runs the same GEMM without it;
+            ``matmul_rmsnorm`` / ``matmul_layernorm`` raise ValueError. See "STATS_ELEMENTWISE" in the module
+            docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -613,6 +615,16 @@ _ln_tile_stats = _lp._ln_tile_stats
 
 
 @triton.jit
+def _ln_tile_terms(a_tile, shift, off_k, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """STATS_ELEMENTWISE, "lazy_layer": ``y = a - shift`` of one shared-memory A slice in fp32, the K padding (TMA
+    zero fill) masked to 0 unless ``EVEN_K`` (``_ln_tile_stats`` before its row sums)."""
+    y = tlx.local_load(a_tile).to(tl.float32) - shift[:, None]
+    if not EVEN_K:
+        y = tl.where(((off_k + tl.arange(0, BLOCK_K)) < K)[None, :], y, 0.0)
+    return y
+
+
+@triton.jit
 def _lazy_ln_cols(acc, rstd, rm, colsum_ptr, betab_ptr, off, N, live, WIDTH: tl.constexpr):
     """"lazy_layer" epilogue of one [rows, WIDTH] column chunk at column ``off``: ``acc * rstd - rm * colsum +
     beta_b`` in fp32 (``rm = rstd * mean``; the fp32 colsum / beta_b of columns past N read 0 and are never
@@ -849,7 +861,7 @@ def _multi_cta_norm_kernel(
     PROBE_OVL: tl.constexpr = 0,
     DIRECT: tl.constexpr = False,  # TilingConfig.STORE_DIRECT
     c_ptr=None,  # DIRECT: Y [M, N] itself (row-major), for the stores from registers
-    SS_2D: tl.constexpr = False,  # TilingConfig.STATS_ELEMENTWISE ("lazy_rms" only)
+    SS_2D: tl.constexpr = False,  # TilingConfig.STATS_ELEMENTWISE ("lazy_rms", "lazy_layer")
 ):
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
@@ -1089,8 +1101,12 @@ def _multi_cta_norm_kernel(
                     # the producer's clamped row; rows past M read 0, matching TMA's zero fill)
                     srows = tl.minimum(off_cm, M - 1) + tl.arange(0, BM_C)
                     shift = tl.load(a_ptr + srows.to(tl.int64) * K, mask=srows < M, other=0.0).to(tl.float32)
-                    s1 = tl.zeros([BM_C], dtype=tl.float32)
-                    s2 = tl.zeros([BM_C], dtype=tl.float32)
+                    if SS_2D:  # the shifted terms elementwise, reduced across threads once per M-tile
+                        s1 = tl.zeros([BM_C, BLOCK_K], dtype=tl.float32)
+                        s2 = tl.zeros([BM_C, BLOCK_K], dtype=tl.float32)
+                    else:
+                        s1 = tl.zeros([BM_C], dtype=tl.float32)
+                        s2 = tl.zeros([BM_C], dtype=tl.float32)
                 s_prev = 0
                 if PINGPONG:  # my turn on the tensor cores: the other warpgroup has issued its whole mainloop
                     if cid == 0:
@@ -1116,10 +1132,15 @@ def _multi_cta_norm_kernel(
                                 ss += tl.sum(x * x, axis=1)
                     if LAZY_LN:
                         if ki % C == rank:  # (the K tail, zero-filled by TMA, would add -shift: masked)
-                            q1, q2 = _ln_tile_stats(a_bufs[cid * NUM_STAGES + s], shift, ki * BLOCK_K, K, BLOCK_K,
-                                                    EVEN_K)
-                            s1 += q1
-                            s2 += q2
+                            if SS_2D:
+                                y = _ln_tile_terms(a_bufs[cid * NUM_STAGES + s], shift, ki * BLOCK_K, K, BLOCK_K, EVEN_K)
+                                s1 += y
+                                s2 += y * y
+                            else:
+                                q1, q2 = _ln_tile_stats(a_bufs[cid * NUM_STAGES + s], shift, ki * BLOCK_K, K, BLOCK_K,
+                                                        EVEN_K)
+                                s1 += q1
+                                s2 += q2
                     acc = tlx.async_dot_wait(1, acc)  # the previous wgmma has retired: release its slot
                     if ki > 0:
                         if MULTICAST_A:  # the slot is refilled by every CTA's multicast: release it everywhere
@@ -1210,8 +1231,12 @@ def _multi_cta_norm_kernel(
                             else:
                                 p0 = ss
                         elif LAZY_LN:
-                            p0 = s1
-                            p1 = s2
+                            if SS_2D:
+                                p0 = tl.sum(s1, axis=1)
+                                p1 = tl.sum(s2, axis=1)
+                            else:
+                                p0 = s1
+                                p1 = s2
                         elif TILES > 1:  # Chan's merge of this CTA's two tiles (the second may lie past N: n1 = 0)
                             n1 = tl.minimum(tl.maximum(N - off_nt, 0), BLOCK_N)
                             r0, r1 = _ln_partials(acc, off_nt, N, n1, BM_C, BLOCK_N, EVEN_N)
@@ -1438,9 +1463,9 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
                          "forms): use a config without it")
     if norm in ("lazy_rms", "lazy_layer") and cfg.PINGPONG:
         raise ValueError(f"Lazy Pre-Norm ({norm}): PINGPONG=True is not supported (the cooperative ring only)")
-    if norm not in ("lazy_rms", "none") and cfg.STATS_ELEMENTWISE:  # (matmul_cluster: the same GEMM without it)
-        raise ValueError(f"STATS_ELEMENTWISE=True applies to Lazy Pre-Norm RMSNorm only (lazy_rmsnorm_matmul), got "
-                         f"the {norm!r} kernel: use a config without it")
+    if norm not in ("lazy_rms", "lazy_layer", "none") and cfg.STATS_ELEMENTWISE:  # (matmul_cluster: the same GEMM without it)
+        raise ValueError(f"STATS_ELEMENTWISE=True applies to Lazy Pre-Norm only (lazy_rmsnorm_matmul, "
+                         f"lazy_layernorm_matmul), got the {norm!r} kernel: use a config without it")
     if norm == "lazy_layer" and cfg.LN_PACKED:
         raise ValueError("Lazy Pre-Norm (lazy_layer): LN_PACKED=True is not supported (the two-statistic exchange)")
     if norm == "lazy_layer" and cfg.TILES_PER_CTA > 1:
@@ -1488,7 +1513,7 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         kwargs["PINGPONG"] = True
     if cfg.STORE_DIRECT:
         kwargs.update(DIRECT=True, c_ptr=y)
-    if cfg.STATS_ELEMENTWISE and norm == "lazy_rms":
+    if cfg.STATS_ELEMENTWISE and norm in ("lazy_rms", "lazy_layer"):
         kwargs["SS_2D"] = True
     if norm == "lazy_layer":  # colsum / beta_b in the (unused: HAS_W = HAS_B = False) weight / bias slots
         if ln_vectors is None:

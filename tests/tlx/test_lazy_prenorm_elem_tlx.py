@@ -1,15 +1,17 @@
 """CPU checks of the cluster form's STATS_ELEMENTWISE option (TLX venv: ``.venv-tlx/bin/python -m pytest
 tests/tlx/test_lazy_prenorm_elem_tlx.py``): Lazy RMSNorm's a^2 accumulated elementwise in a [64, BLOCK_K] fp32
-register tile across the K loop, reduced across threads once per tile.
+register tile across the K loop (Lazy LayerNorm: the shifted terms and their squares, two tiles), reduced across
+threads once per tile.
 
-- Config validation: an option of the cluster form (CLUSTER_SIZE > 1); Lazy RMSNorm only (the other fused ops raise,
-  ``matmul_cluster`` runs the GEMM without it).
+- Config validation: an option of the cluster form (CLUSTER_SIZE > 1); Lazy Pre-Norm only (the multi-CTA norm ops
+  raise, ``matmul_cluster`` runs the GEMM without it).
 - Compile-only for sm_90a at the benchmark shapes: no cross-thread shuffle inside the K loop (the kernel without the
   option has 3 per row there), the same shared loads of the A slice, no spills.
 
 Compile-only cannot see wrong sums: ``python -m kernels_tlx.lazy_prenorm --quick --no-bench --variant rmsnorm
 --config cluster_c2_defer_elem --config cluster_c4_defer_elem --config cluster_c8_defer_elem --config
-cluster_c2_t2_elem`` on the H200 is the correctness test.
+cluster_c2_t2_elem`` and ``--variant layernorm --config ln_cluster_c2_defer_elem --config ln_cluster_c4_defer_elem
+--config ln_cluster_c8_defer_elem`` on the H200 are the correctness tests.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from kernels_tlx import multi_cta as km  # noqa: E402
 from normfuse.testing import run_python_json_parallel  # noqa: E402
 
 ELEM = ("cluster_c2_defer_elem", "cluster_c4_defer_elem", "cluster_c8_defer_elem", "cluster_c2_t2_elem")
+LN_ELEM = ("ln_cluster_c2_defer_elem", "ln_cluster_c4_defer_elem", "ln_cluster_c8_defer_elem")
 
 
 def test_needs_the_cluster_form():
@@ -38,18 +41,21 @@ def test_needs_the_cluster_form():
         lp.TilingConfig(STATS_ELEMENTWISE=True)
     for name in ELEM:
         assert lp.SHIPPED_CONFIGS[name].cluster_config().STATS_ELEMENTWISE, name
+    for name in LN_ELEM:
+        assert lp.SHIPPED_LN_CONFIGS[name].cluster_config().STATS_ELEMENTWISE, name
 
 
 def test_launch_flags_and_rejects():
     cfg = lp.SHIPPED_CONFIGS["cluster_c2_defer_elem"].cluster_config()
     a = torch.empty(256, 64, dtype=torch.bfloat16)
     b = torch.empty(64, 512, dtype=torch.bfloat16)
-    *_, kw = km._prepare(a, b, None, None, 1e-6, "lazy_rms", cfg, need_cuda=False)
-    assert kw["SS_2D"] is True
+    for norm in ("lazy_rms", "lazy_layer"):
+        *_, kw = km._prepare(a, b, None, None, 1e-6, norm, cfg, need_cuda=False)
+        assert kw["SS_2D"] is True, norm
     *_, kw = km._prepare(a, b, None, None, 1e-6, "none", cfg, need_cuda=False)
     assert "SS_2D" not in kw  # matmul_cluster: the kernel's default, the same GEMM as without the option
-    for norm in ("rms", "layer", "lazy_layer"):
-        with pytest.raises(ValueError, match="STATS_ELEMENTWISE=True applies to Lazy Pre-Norm RMSNorm only"):
+    for norm in ("rms", "layer"):
+        with pytest.raises(ValueError, match="STATS_ELEMENTWISE=True applies to Lazy Pre-Norm only"):
             km._prepare(a, b, None, None, 1e-6, norm, cfg, need_cuda=False)
 
 
@@ -60,14 +66,18 @@ compile_only.install(90)
 from kernels_tlx import lazy_prenorm as lp, multi_cta as km
 
 out = {}
-for name, base, N in json.loads(sys.argv[1]):
-    a = torch.empty(4096, 2048, dtype=torch.bfloat16)
-    b = torch.empty(2048, N, dtype=torch.bfloat16)
+for name, base, N, K in json.loads(sys.argv[1]):
+    a = torch.empty(4096, K, dtype=torch.bfloat16)
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    ln = name.startswith("ln_")
+    op, norm = ("lazy_layernorm_matmul", "lazy_layer") if ln else ("lazy_rmsnorm_matmul", "lazy_rms")
+    vec = dict(colsum=torch.empty(N), beta_b=torch.empty(N)) if ln else {}
     r = {}
     for key, cname in (("elem", name), ("base", base)):
-        cfg = lp.SHIPPED_CONFIGS[cname].cluster_config()
-        s = km.compile_sm90("lazy_rmsnorm_matmul", a, b, config=cfg, ptxas=True)
-        *_, args, kw = km._prepare(a, b, None, None, 1e-6, "lazy_rms", cfg, need_cuda=False)
+        cfg = (lp.SHIPPED_LN_CONFIGS if ln else lp.SHIPPED_CONFIGS)[cname].cluster_config()
+        s = km.compile_sm90(op, a, b, config=cfg, ptxas=True, **vec)
+        *_, args, kw = km._prepare(a, b, None, None, 1e-6, norm, cfg, need_cuda=False,
+                                   ln_vectors=tuple(vec.values()) or None)
         ptx = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE,), **kw).asm["ptx"]
         # the consumers' first K loop ends at its wgmma.wait_group 0: the shuffles issued before it are in the loop
         loop = ptx[:ptx.index("wgmma.wait_group.sync.aligned 0;")]
@@ -80,12 +90,13 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled():
-    jobs = [("cluster_c2_defer_elem", "cluster_c2_defer", 512), ("cluster_c2_t2_elem", "cluster_c2_t2", 1024)]
+    jobs = [("cluster_c2_defer_elem", "cluster_c2_defer", 512, 2048), ("cluster_c2_t2_elem", "cluster_c2_t2", 1024, 2048),
+            ("ln_cluster_c4_defer_elem", "ln_cluster_c4_defer", 1024, 1000)]  # (K tail: the masked shifted terms)
     return run_python_json_parallel(_SCRIPT, jobs, timeout=400)
 
 
 def test_compile_benchmark_shapes(compiled):
-    assert len(compiled) == 2
+    assert len(compiled) == 3
     for key, r in compiled.items():
         e, base = r["elem"], r["base"]
         assert e["ptxas"]["spill_stores"] == 0 == e["ptxas"]["spill_loads"], (key, e["ptxas"])
