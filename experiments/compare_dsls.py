@@ -185,19 +185,23 @@ def env_python(dsl: str) -> str:
 
 def collect_sass(jobs: dict[str, list], timeout_s: float = 3600):
     """Run ``python -m normfuse.codestats`` in each DSL's environment; a DataFrame of one row per compiled kernel
-    (``kernel_index`` 0 is the main kernel). RuntimeError with the stderr tail if a batch process fails."""
+    (``kernel_index`` 0 is the main kernel). RuntimeError with the stderr tail if a batch process fails;
+    ValueError naming ``make venvs`` and the variable to set if a DSL's interpreter does not exist."""
     import pandas as pd
+
+    from normfuse.pool import require_python
 
     rows = []
     for dsl, js in jobs.items():
         if not js:
             continue
+        python = require_python("tlx" if dsl == "tlx" else "upstream", env_python(dsl))
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "HELION_INTERPRET")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         env.setdefault("HELION_DISALLOW_AUTOTUNING", "1")
         with tempfile.TemporaryDirectory() as cache:  # an empty Triton cache: compile_s is a cold compile
             env["TRITON_CACHE_DIR"] = cache
-            p = subprocess.run([env_python(dsl), "-m", "normfuse.codestats", json.dumps(js)], cwd=ROOT, env=env,
+            p = subprocess.run([python, "-m", "normfuse.codestats", json.dumps(js)], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=timeout_s)
         if p.returncode:
             raise RuntimeError(f"codestats ({dsl}) failed rc={p.returncode}: {p.stderr[-3000:]}")
@@ -497,7 +501,10 @@ def main(argv=None) -> Path:
     csv = args.out / SASS_CSV
     sass = pd.read_csv(csv) if csv.exists() else None
     if args.collect_sass:
-        new = collect_sass(sass_jobs(data, studies, dsls, args.configs.split(",") if args.configs else None))
+        try:
+            new = collect_sass(sass_jobs(data, studies, dsls, args.configs.split(",") if args.configs else None))
+        except ValueError as e:  # e.g. a DSL's interpreter missing: say what to do, without a traceback
+            raise SystemExit(f"error: {e}") from None
         sass = merge_sass(sass, new)
         sass.to_csv(csv, index=False)
     tables = {sid: study_tables(sid, data, sass) for sid in studies}

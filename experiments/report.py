@@ -84,11 +84,13 @@ def main(argv=None) -> None:
                     help="relative timing resolution for the verdicts of ratio metrics (fraction, e.g. 0.005 = "
                     "±0.5 %%: each pooled interval is widened to at least median × (1 ± R)); default 0")
     args = ap.parse_args(argv)
-    if not (args.resolution >= 0 and args.resolution < 1):
-        ap.error(f"--resolution must be a fraction in [0, 1), got {args.resolution}")
-    res = args.resolution
     from normfuse import report
-    from normfuse.paired import replicate_dirs
+    from normfuse.paired import check_resolution, replicate_dirs
+
+    try:
+        res = check_resolution(args.resolution, "--resolution")
+    except ValueError as e:
+        ap.error(str(e))
 
     if args.replicates:
         for d in args.run_dirs:

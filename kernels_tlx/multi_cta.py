@@ -142,7 +142,7 @@ mainloop hides: README, "EPILOGUE_OVERLAP"); ``PROBE_OVL`` is the ablation const
 
 **STORE_DIRECT** (``TilingConfig.STORE_DIRECT``; ``c*_direct*``). The normalized register tile goes to global memory
 with no shared-memory pass: each consumer thread stores its two adjacent columns (one bf16x2 word) per row with a
-32-bit ``st.global`` written as inline PTX (``_store_direct_acc``), in the wgmma accumulator layout; a plain
+32-bit ``st.global`` written as inline PTX (``_store_direct``), in the wgmma accumulator layout; a plain
 ``tl.store`` gets a coalesced layout from the compiler, i.e. a ``convert_layout`` through shared memory, plus its
 scratch buffer. A warp's store then covers 16 bytes of each of 8 rows (half a 32-byte sector each), against the TMA
 store's full lines. Rows past M and columns past N get address 0 and are skipped (N % 8 == 0, so a pair is wholly
@@ -393,24 +393,29 @@ class TilingConfig(TilingConfigBase):
                                            MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE,
                                            STORE_DEFER=self.STORE_DEFER)
         if self.EPILOGUE_OVERLAP:
-            why = {"PINGPONG": "not implemented (the deferred epilogue rides on the cooperative mainloop)",
-                   "MULTICAST_A": "not implemented",
-                   "EPILOGUE_SUBTILE": "not implemented (the parked tiles are stored whole)",
-                   "STORE_DEFER": "implied (the parked buffers are the staging buffers): leave it False"}
-            errors += [f"EPILOGUE_OVERLAP=True with {k}=True: {v}" for k, v in why.items() if getattr(self, k)]
+            errors += self._conflicts("EPILOGUE_OVERLAP", {
+                "PINGPONG": "not implemented (the deferred epilogue rides on the cooperative mainloop)",
+                "MULTICAST_A": "not implemented",
+                "EPILOGUE_SUBTILE": "not implemented (the parked tiles are stored whole)",
+                "STORE_DEFER": "implied (the parked buffers are the staging buffers): leave it False"})
             if not self.LN_PACKED:
                 errors.append("EPILOGUE_OVERLAP=True needs LN_PACKED=True (the deferred LayerNorm statistics are the "
                               "packed one-word exchange; RMSNorm is unaffected by LN_PACKED)")
         if self.STORE_DIRECT:
-            why = {"PINGPONG": "not implemented", "MULTICAST_A": "not implemented (not GPU-checked)",
-                   "EPILOGUE_SUBTILE": "not implemented (no staging tile to split)",
-                   "STORE_DEFER": "not applicable (there is no staging buffer to defer)",
-                   "EPILOGUE_OVERLAP": "not implemented (the deferred epilogue stores its parked tiles by TMA)"}
-            errors += [f"STORE_DIRECT=True with {k}=True: {v}" for k, v in why.items() if getattr(self, k)]
+            errors += self._conflicts("STORE_DIRECT", {
+                "PINGPONG": "not implemented", "MULTICAST_A": "not implemented (not GPU-checked)",
+                "EPILOGUE_SUBTILE": "not implemented (no staging tile to split)",
+                "STORE_DEFER": "not applicable (there is no staging buffer to defer)",
+                "EPILOGUE_OVERLAP": "not implemented (the deferred epilogue stores its parked tiles by TMA)"})
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
             raise ValueError("invalid TilingConfig: " + "; ".join(errors))
+
+    def _conflicts(self, flag: str, why: dict[str, str]) -> list[str]:
+        """"<flag>=True with <field>=True: <reason>" for each boolean field of ``why`` that is set: the options that
+        ``flag`` cannot be combined with, each with its reason."""
+        return [f"{flag}=True with {k}=True: {v}" for k, v in why.items() if getattr(self, k)]
 
     # --- derived quantities -----------------------------------------------------------------------------
     @property
@@ -799,28 +804,25 @@ def _ovl_chunk(buf, c_desc, w_ptr, bias_ptr, mean, rstd, row0, col0, M, N, q: tl
 
 
 @triton.jit
-def _store_direct(c_ptr, y, row0, col0, M, N, ROWS: tl.constexpr, WIDTH: tl.constexpr):
-    # STORE_DIRECT, a tile loaded from shared memory (a blocked layout): rows [row0, row0 + ROWS) x columns
-    # [col0, col0 + WIDTH) of the row-major Y [M, N], coalesced vector stores
-    rows = row0 + tl.arange(0, ROWS)
-    cols = col0 + tl.arange(0, WIDTH)
-    ptrs = c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
-    tl.store(ptrs, y.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
-
-
-@triton.jit
-def _store_direct_acc(c_ptr, y, row0, col0, M, N, ROWS: tl.constexpr, WIDTH: tl.constexpr):
-    # STORE_DIRECT, a tile in the wgmma accumulator layout: each thread stores its two adjacent columns as one
+def _store_direct(c_ptr, y, row0, col0, M, N, ROWS: tl.constexpr, WIDTH: tl.constexpr, ACC_LAYOUT: tl.constexpr):
+    # STORE_DIRECT: the tile y, rows [row0, row0 + ROWS) x columns [col0, col0 + WIDTH) of the row-major Y [M, N],
+    # straight to global memory.
+    # ACC_LAYOUT=False: a tile loaded from shared memory (a blocked layout): coalesced vector stores (tl.store).
+    # ACC_LAYOUT=True: a tile in the wgmma accumulator layout: each thread stores its two adjacent columns as one
     # 32-bit st.global, in that layout (a tl.store would be given a coalesced layout, i.e. a convert_layout through
     # shared memory). Relies on the layout's pairs (2 consecutive columns per thread, the packed elements) and on N
     # even (TMA: N % 8 == 0), so a pair is wholly in or out of bounds; a masked-off pair's address is 0 (no store)
     rows = row0 + tl.arange(0, ROWS)
     cols = col0 + tl.arange(0, WIDTH)
     ptrs = c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
-    addr = tl.where((rows < M)[:, None] & (cols < N)[None, :], ptrs.to(tl.int64, bitcast=True), 0)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.u64 p, $2, 0; @p st.global.b32 [$2], $4; mov.b32 $0, 0; mov.b32 $1, 0; }",
-        "=r,=r,l,l,r", [addr, y.to(c_ptr.dtype.element_ty)], dtype=tl.int32, is_pure=False, pack=2)
+    in_bounds = (rows < M)[:, None] & (cols < N)[None, :]
+    if ACC_LAYOUT:
+        addr = tl.where(in_bounds, ptrs.to(tl.int64, bitcast=True), 0)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u64 p, $2, 0; @p st.global.b32 [$2], $4; mov.b32 $0, 0; mov.b32 $1, 0; }",
+            "=r,=r,l,l,r", [addr, y.to(c_ptr.dtype.element_ty)], dtype=tl.int32, is_pure=False, pack=2)
+    else:
+        tl.store(ptrs, y.to(c_ptr.dtype.element_ty), mask=in_bounds)
 
 
 @triton.jit
@@ -1084,7 +1086,7 @@ def _multi_cta_norm_kernel(
                         f0, f1 = _ln_partials(acc, off_n, N, n_local, BM_C, BLOCK_N, EVEN_N)
                     if NORM == "none" and DIRECT:  # no statistic to wait for: store the first tile now
                         if off_cm < M:
-                            _store_direct_acc(c_ptr, acc, off_cm, off_n, M, N, BM_C, BLOCK_N)
+                            _store_direct(c_ptr, acc, off_cm, off_n, M, N, BM_C, BLOCK_N, True)
                     else:
                         tlx.local_store(out_bufs[cid], acc.to(tlx.dtype_of(c_desc)))
                         if NORM == "none":  # no statistic to wait for: store the first tile now
@@ -1351,7 +1353,8 @@ def _multi_cta_norm_kernel(
                                                 HAS_B)
                                 if DIRECT:
                                     if live:
-                                        _store_direct(c_ptr, x, off_cm, off_n + c * PARK_CHUNK, M, N, BM_C, PARK_CHUNK)
+                                        _store_direct(c_ptr, x, off_cm, off_n + c * PARK_CHUNK, M, N, BM_C, PARK_CHUNK,
+                                                      False)
                                 else:
                                     tlx.local_store(part, x.to(tlx.dtype_of(c_desc)))
                             if not DIRECT:
@@ -1361,7 +1364,7 @@ def _multi_cta_norm_kernel(
                     AFFINE: tl.constexpr = HAS_W or HAS_B
                     if DIRECT and AFFINE:
                         # the whole tile at once: _join_cols would reorder the accumulator layout's elements, whose
-                        # adjacent-column pairs _store_direct_acc relies on
+                        # adjacent-column pairs _store_direct(ACC_LAYOUT=True) relies on
                         y = _affine(y, w_ptr, bias_ptr, off_nt, N, off_cm < M, BLOCK_N, HAS_W, HAS_B)
                     elif EPILOGUE_SUBTILE or AFFINE or LAZY_LN:
                         # column halves (register-level splits of the accumulator layout), the affine per half/quarter
@@ -1381,7 +1384,7 @@ def _multi_cta_norm_kernel(
                             y = _join_cols(y_lo, y_hi, BM_C, BLOCK_N)
                     if DIRECT:
                         if off_cm < M:
-                            _store_direct_acc(c_ptr, y, off_cm, off_nt, M, N, BM_C, BLOCK_N)
+                            _store_direct(c_ptr, y, off_cm, off_nt, M, N, BM_C, BLOCK_N, True)
                     elif TILES > 1:
                         # the first tile's store has finished reading out_bufs[cid]; this one drains under the next
                         # M-tile's first mainloop (the wait before the next park). A last rank's second tile may lie

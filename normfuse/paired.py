@@ -369,6 +369,15 @@ VERDICTS = ("met", "missed", "not resolved")
 RATIO_METRICS = ("compile_ratio", "speedup_vs_unfused", "sdpa_fraction", "frac_cublas", "gbps", "tflops")
 
 
+def check_resolution(resolution, name: str = "resolution") -> float:
+    """``resolution`` as a float when it is a relative timing resolution: a number in [0, 1) (0.005 = ±0.5 %;
+    nan and infinities refused); else ValueError "<name> must be a fraction in [0, 1) ...". The one rule for
+    ``verdict`` and the ``--resolution`` options of ``experiments.report`` and ``tools.fna_llm_targets``."""
+    if not (isinstance(resolution, (int, float)) and 0 <= resolution < 1):  # nan fails the comparison
+        raise ValueError(f"{name} must be a fraction in [0, 1) (0.005 = ±0.5 %), got {resolution!r}")
+    return float(resolution)
+
+
 def verdict(ci_lo: float, ci_hi: float, target: float | None, median: float | None = None,
             resolution: float = 0.0) -> str | None:
     """"met" when the whole interval is at or above ``target`` (``ci_lo >= target``), "missed" when it is below
@@ -379,9 +388,9 @@ def verdict(ci_lo: float, ci_hi: float, target: float | None, median: float | No
     two times: the interval is widened to at least ``median * (1 ± resolution)`` first, so a bootstrap interval
     narrower than what timing the same kernel twice can tell apart (an A/A twin: README, "The order within a
     round") decides nothing. Only meaningful for metrics proportional to a ratio of times (``RATIO_METRICS``).
-    Raises ValueError for a negative or non-finite ``resolution``, or a positive one without a finite median."""
-    if not (isinstance(resolution, (int, float)) and np.isfinite(resolution) and resolution >= 0):
-        raise ValueError(f"resolution must be a finite fraction >= 0, got {resolution!r}")
+    Raises ValueError for a ``resolution`` outside [0, 1) (``check_resolution``), or a positive one without a
+    finite median."""
+    check_resolution(resolution)
     if target is None or not np.isfinite(target):
         return None
     if ci_lo is None or ci_hi is None or not (np.isfinite(ci_lo) and np.isfinite(ci_hi)):

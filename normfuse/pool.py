@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import subprocess
 import threading
 import time
@@ -26,6 +27,19 @@ MODE_ENV = {
     "gpu": {},
     "cpu": {},  # PyTorch baselines on the CPU
 }
+
+# the variables that configs/env/local.yaml reads for each environment's interpreter (defaults: what `make venvs` makes)
+PYTHON_VARS = {"upstream": "NORMFUSE_UPSTREAM_PYTHON", "tlx": "NORMFUSE_TLX_PYTHON"}
+
+
+def require_python(env_name: str, python: str) -> str:
+    """``python`` when it is an executable (a path, or a command on PATH); else ValueError naming the environment,
+    the variable that selects its interpreter and ``make venvs``."""
+    if shutil.which(python):
+        return python
+    var = PYTHON_VARS.get(env_name)
+    fix = f"run `make venvs` or set {var} to its interpreter" if var else "run `make venvs`"
+    raise ValueError(f"the {env_name!r} environment's interpreter {python} does not exist or is not executable: {fix}")
 
 
 class WorkerDied(RuntimeError):

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from normfuse import hardware, registry, shapes
-from normfuse.pool import REPO_ROOT, Pool, WorkerDied
+from normfuse.pool import REPO_ROOT, Pool, WorkerDied, require_python
 from normfuse.paired import ROUNDS_FILE_GZ as ROUNDS_FILE  # the raw samples: a JSON line per window, round, participant
 from normfuse.paired import WINDOWS_FILE, read_jsonl
 from normfuse.results import ResultsStore, point_key
@@ -350,6 +350,13 @@ def _run_one(cfg: dict, points: list[dict], run_mode: str, run_id: str, run_dir:
     common = {"run_id": run_id, "experiment": cfg["experiment_name"], "hardware": cfg["hardware"]["name"],
               "replicate": replicate, **git}
     try:
+        used = {p["env"] for p in points} | ({cfg["baseline_env"]} if run_mode == "gpu" else set())
+        try:  # a missing interpreter (no `make venvs` yet) is a configuration error, not an error row per point
+            for name in sorted(used & set(envs)):
+                require_python(name, str(envs[name]["python"]))
+        except ValueError:
+            config_error = True
+            raise
         for wkey in sorted({(p["env"], p["mode"]) for p in points}):  # versions, the GPU, the tiling configs
             hello = _hello(pool, *wkey)
             versions[f"{wkey[0]}-{wkey[1]}"] = hello.get("versions") or {"error": hello.get("error")}

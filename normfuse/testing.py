@@ -73,6 +73,30 @@ def run_python_json_parallel(code: str, jobs: list, *, parts: int = 2, timeout: 
     return out
 
 
+def compile_multi_cta_pairs(jobs: list, labels: tuple[str, str], measure=None) -> dict:
+    """Compile-only for sm_90a of pairs of shipped ``kernels_tlx.multi_cta`` configs, for a subprocess script of the
+    TLX environment that has called ``normfuse.compile_only.install(90)`` (never the test process: see
+    tests/test_compile_only_hygiene.py). For each job ``(name, base, N, op)``: ``compile_sm90(op, a, b, config=...,
+    ptxas=True)`` of the configs ``name`` and ``base`` at ``a [4096, 1024]``, ``b [1024, N]`` bf16. Returns
+    ``{"<name>/<op>/<N>": {labels[0]: r, labels[1]: r}}`` (``labels`` name the two configs' entries), each ``r``
+    holding ``ptxas``, ``smem`` (``shared_bytes``), ``est`` (``smem_estimate``) and ``extra`` (``ptx_extra``), plus
+    the dict ``measure(cfg, op, a, b)`` returns when given (e.g. counts read off the compiled PTX)."""
+    from kernels_tlx import multi_cta as km
+
+    out = {}
+    for name, base, N, op in jobs:
+        a = torch.empty(4096, 1024, dtype=torch.bfloat16)
+        b = torch.empty(1024, N, dtype=torch.bfloat16)
+        r = {}
+        for label, cfg_name in zip(labels, (name, base)):
+            cfg = km.SHIPPED_CONFIGS[cfg_name]
+            s = km.compile_sm90(op, a, b, config=cfg, ptxas=True)
+            r[label] = {"ptxas": s["ptxas"], "smem": s["shared_bytes"], "est": s["smem_estimate"],
+                        "extra": s["ptx_extra"], **(measure(cfg, op, a, b) if measure else {})}
+        out[f"{name}/{op}/{N}"] = r
+    return out
+
+
 def fna_llm_int64_inputs(B: int = 2049, device: str = "cuda") -> dict:
     """QK-norm attention inputs whose q has more than 2^31 elements at the default B: ``q [B, 16, 512, 128]``,
     ``k``, ``v [B, 8, 512, 128]`` bf16 (batch 2048 starts at element 2^31), ``q_weight`` / ``k_weight`` [128] near 1,

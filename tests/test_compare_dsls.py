@@ -207,6 +207,14 @@ def test_collect_sass_one_tlx_cluster_config(tmp_path):
     assert pd.isna(r["error"]) and r["cluster"] == 2 and r["regs"] > 0, r.to_dict()
 
 
+def test_collect_sass_names_the_fix_for_a_missing_interpreter(tmp_path, monkeypatch):
+    """A DSL environment that does not exist: a ValueError naming its variable and ``make venvs``, not a raw
+    FileNotFoundError from the subprocess."""
+    monkeypatch.setenv("NORMFUSE_TLX_PYTHON", str(tmp_path / "no-venv-tlx" / "bin" / "python"))
+    with pytest.raises(ValueError, match=r"make venvs.*NORMFUSE_TLX_PYTHON"):
+        C.collect_sass({"tlx": [{"study": "s", "config_name": "c"}]})
+
+
 @pytest.mark.gpu
 def test_codestats_matches_the_driver_on_the_gpu():
     """On the H200: the registers and local memory that ``normfuse.codestats`` reads off ptxas for a compiled kernel

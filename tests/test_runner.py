@@ -99,6 +99,21 @@ def test_interrupted_sweep_writes_meta(repo_root, subprocess_env, tmp_path):
     assert len(rows.read_text().splitlines()) >= 1
 
 
+def test_missing_interpreter_is_a_configuration_error(repo_root, subprocess_env, tmp_path):
+    """No ``.venv-tlx`` (``make venvs`` not run) and a TLX point to run: exit 2 with a message naming the variable
+    that selects the interpreter and ``make venvs`` (no traceback), and no run folder left behind."""
+    missing = tmp_path / "no-venv-tlx" / "bin" / "python"
+    env = {**subprocess_env, "NORMFUSE_TLX_PYTHON": str(missing), "NORMFUSE_UPSTREAM_PYTHON": sys.executable}
+    cmd = [sys.executable, "-m", "experiments.run", "experiment=smoke", f"results_dir={tmp_path}", "run_id=t",
+           "hydra.run.dir=" + str(tmp_path / "hydra"), "dsl=[tlx]", "baselines=[]",
+           "shape.points=[{M: 64, N: 64, K: 64}]"]
+    p = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "NORMFUSE_TLX_PYTHON" in p.stderr and "make venvs" in p.stderr and str(missing) in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "smoke" / "t").exists()
+
+
 def test_versions_record_the_ptxas_that_compiles():
     """meta.json's versions name the ptxas Triton compiles with (TRITON_PTXAS_PATH or its own), version and path."""
     import re

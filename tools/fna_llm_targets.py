@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from normfuse.paired import verdict
+from normfuse.paired import check_resolution, verdict
 from normfuse.report import _ci_text
 
 TARGETS = {  # column -> (impl, metric, target, shown in % (×100, 1 decimal) rather than as a ratio (3 decimals))
@@ -128,8 +128,10 @@ def main(argv=None) -> None:
     ap.add_argument("--resolution", type=float, default=0.0, metavar="R",
                     help="relative timing resolution (fraction, e.g. 0.005): intervals widened to median × (1 ± R)")
     a = ap.parse_args(argv)
-    if not 0 <= a.resolution < 1:  # also refuses nan
-        ap.error(f"--resolution must be a fraction in [0, 1) (0.005 = ±0.5 %), got {a.resolution}")
+    try:
+        check_resolution(a.resolution, "--resolution")
+    except ValueError as e:
+        ap.error(str(e))
     try:
         t = targets(load(a.run, a.dsl), a.resolution)
         o = targets(load(a.compare, a.dsl), a.resolution) if a.compare else None

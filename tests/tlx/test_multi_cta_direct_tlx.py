@@ -69,29 +69,24 @@ def test_shared_memory_and_launch_flags():
 
 
 _SCRIPT = r"""
-import json, re, sys, torch
+import json, re, sys
 from normfuse import compile_only
 compile_only.install(90)
 from kernels_tlx import multi_cta as km
+from normfuse.testing import compile_multi_cta_pairs
 
-out = {}
-for name, base, N, op in json.loads(sys.argv[1]):
-    a = torch.empty(4096, 1024, dtype=torch.bfloat16)
-    b = torch.empty(1024, N, dtype=torch.bfloat16)
-    r = {}
-    for key, cfg in (("direct", name), ("base", base)):
-        cfg = km.SHIPPED_CONFIGS[cfg]
-        s = km.compile_sm90(op, a, b, config=cfg, ptxas=True)
-        norm = {"matmul_rmsnorm": "rms", "matmul_layernorm": "layer"}[op]
-        *_, args, kw = km._prepare(a, b, None, None, 1e-5, norm, cfg, need_cuda=False)
-        c = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE,), **kw)
-        ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
-        r[key] = {"ptxas": s["ptxas"], "smem": s["shared_bytes"], "est": s["smem_estimate"], "extra": s["ptx_extra"],
-                  "st_global_b32_asm": len(re.findall(r"@p st\.global\.b32", ptx)),
-                  "st_global_v": len(re.findall(r"st\.global\.v\d", ptx)),
-                  "convert_from_mma": len(re.findall(r"convert_layout [^\n]*#mma[^\n]*-> ", ttgir))}
-    out[f"{name}/{op}/{N}"] = r
-print(json.dumps(out))
+
+def layout_counts(cfg, op, a, b):
+    norm = {"matmul_rmsnorm": "rms", "matmul_layernorm": "layer"}[op]
+    *_, args, kw = km._prepare(a, b, None, None, 1e-5, norm, cfg, need_cuda=False)
+    c = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE,), **kw)
+    ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
+    return {"st_global_b32_asm": len(re.findall(r"@p st\.global\.b32", ptx)),
+            "st_global_v": len(re.findall(r"st\.global\.v\d", ptx)),
+            "convert_from_mma": len(re.findall(r"convert_layout [^\n]*#mma[^\n]*-> ", ttgir))}
+
+
+print(json.dumps(compile_multi_cta_pairs(json.loads(sys.argv[1]), ("direct", "base"), layout_counts)))
 """
 
 

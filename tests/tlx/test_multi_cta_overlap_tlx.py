@@ -78,21 +78,12 @@ def test_launch_flags_and_rejects():
 
 
 _SCRIPT = r"""
-import json, sys, torch
+import json, sys
 from normfuse import compile_only
 compile_only.install(90)
-from kernels_tlx import multi_cta as km
+from normfuse.testing import compile_multi_cta_pairs
 
-out = {}
-for name, base, N, op in json.loads(sys.argv[1]):
-    a = torch.empty(4096, 1024, dtype=torch.bfloat16)
-    b = torch.empty(1024, N, dtype=torch.bfloat16)
-    r = {}
-    for key, cfg in (("ovl", name), ("base", base)):
-        s = km.compile_sm90(op, a, b, config=km.SHIPPED_CONFIGS[cfg], ptxas=True)
-        r[key] = {"ptxas": s["ptxas"], "smem": s["shared_bytes"], "est": s["smem_estimate"], "extra": s["ptx_extra"]}
-    out[f"{name}/{op}/{N}"] = r
-print(json.dumps(out))
+print(json.dumps(compile_multi_cta_pairs(json.loads(sys.argv[1]), ("ovl", "base"))))
 """
 
 
