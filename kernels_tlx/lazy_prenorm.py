@@ -258,6 +258,8 @@ class TilingConfig(TilingConfigBase):
         STATS_ELEMENTWISE: the cluster form's option of that name (a^2, for LayerNorm the shifted terms and their
             squares, accumulated elementwise in registers across the K loop, reduced across threads once per tile):
             both fused ops (``matmul`` runs the GEMM without it). Needs CLUSTER_SIZE > 1.
+        STATS_UNPACK_ASM: the cluster form's option of that name (with STATS_ELEMENTWISE, bf16: the statistic's
+            bf16 -> fp32 widening as two integer instructions per packed pair). Needs CLUSTER_SIZE > 1.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -282,6 +284,7 @@ class TilingConfig(TilingConfigBase):
     MULTICAST_A: bool = False
     STORE_DEFER: bool = False
     STATS_ELEMENTWISE: bool = False
+    STATS_UNPACK_ASM: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors()
@@ -326,12 +329,13 @@ class TilingConfig(TilingConfigBase):
             if self.REUSE_RSTD or self.stats_off_consumers or self.A_FROM_REGS or not self.LN_EPILOGUE_MMA:
                 errors.append("CLUSTER_SIZE > 1 (the cluster form) takes no REUSE_RSTD, STATS_*, A_FROM_REGS or "
                               "LN_EPILOGUE_MMA=False: its statistic is split across the cluster instead")
-        elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.TILES_PER_CTA != 1:
-            set_ = [f"{k}={getattr(self, k)}" for k in ("MULTICAST_A", "STORE_DEFER", "STATS_ELEMENTWISE")
-                    if getattr(self, k)]
+        elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.STATS_UNPACK_ASM or \
+                self.TILES_PER_CTA != 1:
+            flags = ("MULTICAST_A", "STORE_DEFER", "STATS_ELEMENTWISE", "STATS_UNPACK_ASM")
+            set_ = [f"{k}={getattr(self, k)}" for k in flags if getattr(self, k)]
             set_ += [f"TILES_PER_CTA={self.TILES_PER_CTA}"] if self.TILES_PER_CTA != 1 else []
-            errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / STATS_ELEMENTWISE / TILES_PER_CTA are "
-                          "options of the cluster form: they need CLUSTER_SIZE > 1")
+            errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / STATS_ELEMENTWISE / STATS_UNPACK_ASM / "
+                          "TILES_PER_CTA are options of the cluster form: they need CLUSTER_SIZE > 1")
         if self.CLUSTER_SIZE > 1:  # (multi_cta's TilingConfig runs the same check, but is built only at the first call)
             errors += tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, MULTICAST_A=self.MULTICAST_A,
                                            STORE_DEFER=self.STORE_DEFER, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE)
@@ -358,7 +362,8 @@ class TilingConfig(TilingConfigBase):
             BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K, CLUSTER_SIZE=self.CLUSTER_SIZE,
             NUM_STAGES=self.NUM_STAGES, NUM_CONSUMERS=self.NUM_CONSUMERS, PERSISTENT=self.PERSISTENT,
             MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE, CONSUMER_REGS=self.CONSUMER_REGS,
-            STORE_DEFER=self.STORE_DEFER, TILES_PER_CTA=self.TILES_PER_CTA, STATS_ELEMENTWISE=self.STATS_ELEMENTWISE)
+            STORE_DEFER=self.STORE_DEFER, TILES_PER_CTA=self.TILES_PER_CTA, STATS_ELEMENTWISE=self.STATS_ELEMENTWISE,
+            STATS_UNPACK_ASM=self.STATS_UNPACK_ASM)
 
     def supports(self, N: int) -> bool:
         """False only for the cluster form at an N its cluster does not exactly cover."""
@@ -456,6 +461,11 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "cluster_c4_defer_elem": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True),
     "cluster_c8_defer_elem": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True, STATS_ELEMENTWISE=True),
     "cluster_c2_t2_elem": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, STATS_ELEMENTWISE=True),
+    # ... and widened from bf16 with two integer instructions per pair (TilingConfig.STATS_UNPACK_ASM)
+    "cluster_c2_defer_elem_asm": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                              STATS_UNPACK_ASM=True),
+    "cluster_c2_t2_elem_asm": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, STATS_ELEMENTWISE=True,
+                                           STATS_UNPACK_ASM=True),
 }
 # LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
 # with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the
@@ -484,6 +494,10 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     "ln_cluster_c2_defer_elem": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True),
     "ln_cluster_c4_defer_elem": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True),
     "ln_cluster_c8_defer_elem": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True, STATS_ELEMENTWISE=True),
+    "ln_cluster_c2_defer_elem_asm": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                 STATS_UNPACK_ASM=True),
+    "ln_cluster_c4_defer_elem_asm": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                 STATS_UNPACK_ASM=True),
 }
 # ``lazy_layernorm_matmul(config=None)``: DEFAULT_CONFIG's tile with a half-size epilogue staging buffer, since the
 # LayerNorm epilogue's extra buffers do not fit beside DEFAULT_CONFIG's full one (235568 B > 232448 B).

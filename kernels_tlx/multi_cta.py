@@ -330,6 +330,10 @@ class TilingConfig(TilingConfigBase):
             association order (results differ by rounding only). ``matmul_cluster`` runs the same GEMM without it;
             ``matmul_rmsnorm`` / ``matmul_layernorm`` raise ValueError. See "STATS_ELEMENTWISE" in the module
             docstring.
+        STATS_UNPACK_ASM: with STATS_ELEMENTWISE, bf16 inputs: the statistic widens each packed bf16 pair of the A
+            slice to fp32 with two integer instructions (inline PTX ``shl.b32`` / ``and.b32``: exact) instead of the
+            compiler's three (PRMT + 2 IMAD.U32, counted by Nsight Compute). fp16 inputs keep the ordinary
+            conversion.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -352,6 +356,7 @@ class TilingConfig(TilingConfigBase):
     EPILOGUE_OVERLAP: bool = False
     STORE_DIRECT: bool = False
     STATS_ELEMENTWISE: bool = False
+    STATS_UNPACK_ASM: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -407,6 +412,9 @@ class TilingConfig(TilingConfigBase):
                 "EPILOGUE_SUBTILE": "not implemented (no staging tile to split)",
                 "STORE_DEFER": "not applicable (there is no staging buffer to defer)",
                 "EPILOGUE_OVERLAP": "not implemented (the deferred epilogue stores its parked tiles by TMA)"})
+        if self.STATS_UNPACK_ASM and not self.STATS_ELEMENTWISE:
+            errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise statistic's "
+                          "terms)")
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -620,10 +628,24 @@ _ln_tile_stats = _lp._ln_tile_stats
 
 
 @triton.jit
-def _ln_tile_terms(a_tile, shift, off_k, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+def _widen_bf16(x):
+    """STATS_UNPACK_ASM: a bf16 tensor to fp32 (exact), two integer ops per packed pair of the register layout: the
+    low element is the word shifted up by 16 bits, the high one the word with its low 16 bits cleared."""
+    w = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [x],
+                                  dtype=tl.int32, is_pure=True, pack=2)
+    return w.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ln_tile_terms(a_tile, shift, off_k, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                   UNPACK_ASM: tl.constexpr = False):
     """STATS_ELEMENTWISE, "lazy_layer": ``y = a - shift`` of one shared-memory A slice in fp32, the K padding (TMA
-    zero fill) masked to 0 unless ``EVEN_K`` (``_ln_tile_stats`` before its row sums)."""
-    y = tlx.local_load(a_tile).to(tl.float32) - shift[:, None]
+    zero fill) masked to 0 unless ``EVEN_K`` (``_ln_tile_stats`` before its row sums); ``UNPACK_ASM``: widened by
+    ``_widen_bf16``."""
+    if UNPACK_ASM:
+        y = _widen_bf16(tlx.local_load(a_tile)) - shift[:, None]
+    else:
+        y = tlx.local_load(a_tile).to(tl.float32) - shift[:, None]
     if not EVEN_K:
         y = tl.where(((off_k + tl.arange(0, BLOCK_K)) < K)[None, :], y, 0.0)
     return y
@@ -864,6 +886,7 @@ def _multi_cta_norm_kernel(
     DIRECT: tl.constexpr = False,  # TilingConfig.STORE_DIRECT
     c_ptr=None,  # DIRECT: Y [M, N] itself (row-major), for the stores from registers
     SS_2D: tl.constexpr = False,  # TilingConfig.STATS_ELEMENTWISE ("lazy_rms", "lazy_layer")
+    UNPACK_ASM: tl.constexpr = False,  # TilingConfig.STATS_UNPACK_ASM (with SS_2D, bf16)
 ):
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
@@ -1044,7 +1067,10 @@ def _multi_cta_norm_kernel(
                         acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
                         if LAZY:
                             if ki % (C * TILES) == rank * TILES:
-                                x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
+                                if UNPACK_ASM:
+                                    x = _widen_bf16(tlx.local_load(a_bufs[cid * NUM_STAGES + s]))
+                                else:
+                                    x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
                                 if SS_2D:
                                     ss += x * x
                                 else:
@@ -1127,7 +1153,10 @@ def _multi_cta_norm_kernel(
                         # while the wgmma is in flight; TMA zero-fills the K tail (adds 0). TILES == 2: the second
                         # tile's share (see the first tile's loop)
                         if ki % (C * TILES) == rank * TILES + (TILES - 1):
-                            x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
+                            if UNPACK_ASM:
+                                x = _widen_bf16(tlx.local_load(a_bufs[cid * NUM_STAGES + s]))
+                            else:
+                                x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
                             if SS_2D:
                                 ss += x * x
                             else:
@@ -1135,7 +1164,8 @@ def _multi_cta_norm_kernel(
                     if LAZY_LN:
                         if ki % C == rank:  # (the K tail, zero-filled by TMA, would add -shift: masked)
                             if SS_2D:
-                                y = _ln_tile_terms(a_bufs[cid * NUM_STAGES + s], shift, ki * BLOCK_K, K, BLOCK_K, EVEN_K)
+                                y = _ln_tile_terms(a_bufs[cid * NUM_STAGES + s], shift, ki * BLOCK_K, K, BLOCK_K, EVEN_K,
+                                                   UNPACK_ASM)
                                 s1 += y
                                 s2 += y * y
                             else:
@@ -1518,6 +1548,8 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         kwargs.update(DIRECT=True, c_ptr=y)
     if cfg.STATS_ELEMENTWISE and norm in ("lazy_rms", "lazy_layer"):
         kwargs["SS_2D"] = True
+        if cfg.STATS_UNPACK_ASM and a.dtype == torch.bfloat16:
+            kwargs["UNPACK_ASM"] = True
     if norm == "lazy_layer":  # colsum / beta_b in the (unused: HAS_W = HAS_B = False) weight / bias slots
         if ln_vectors is None:
             ln_vectors = tuple(torch.empty(N, dtype=torch.float32, device=a.device) for _ in range(2))

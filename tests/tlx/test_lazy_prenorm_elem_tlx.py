@@ -6,7 +6,8 @@ threads once per tile.
 - Config validation: an option of the cluster form (CLUSTER_SIZE > 1); Lazy Pre-Norm only (the multi-CTA norm ops
   raise, ``matmul_cluster`` runs the GEMM without it).
 - Compile-only for sm_90a at the benchmark shapes: no cross-thread shuffle inside the K loop (the kernel without the
-  option has 3 per row there), the same shared loads of the A slice, no spills.
+  option has 3 per row there), the same shared loads of the A slice, no spills; with STATS_UNPACK_ASM no bf16
+  conversion left in the loop (one shl + one and per packed pair instead), and only for bf16 inputs.
 
 Compile-only cannot see wrong sums: ``python -m kernels_tlx.lazy_prenorm --quick --no-bench --variant rmsnorm
 --config cluster_c2_defer_elem --config cluster_c4_defer_elem --config cluster_c8_defer_elem --config
@@ -43,6 +44,24 @@ def test_needs_the_cluster_form():
         assert lp.SHIPPED_CONFIGS[name].cluster_config().STATS_ELEMENTWISE, name
     for name in LN_ELEM:
         assert lp.SHIPPED_LN_CONFIGS[name].cluster_config().STATS_ELEMENTWISE, name
+
+
+def test_unpack_asm_flags():
+    with pytest.raises(ValueError, match="STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True"):
+        km.TilingConfig(CLUSTER_SIZE=2, STATS_UNPACK_ASM=True)
+    with pytest.raises(ValueError, match="STATS_UNPACK_ASM=True: .* need CLUSTER_SIZE > 1"):
+        lp.TilingConfig(STATS_UNPACK_ASM=True)
+    cfg = lp.SHIPPED_CONFIGS["cluster_c2_defer_elem_asm"].cluster_config()
+    b = torch.empty(64, 512, dtype=torch.bfloat16)
+    *_, kw = km._prepare(torch.empty(256, 64, dtype=torch.bfloat16), b, None, None, 1e-6, "lazy_rms", cfg,
+                         need_cuda=False)
+    assert kw["SS_2D"] is True and kw["UNPACK_ASM"] is True
+    *_, kw = km._prepare(torch.empty(256, 64, dtype=torch.float16), b.half(), None, None, 1e-6, "lazy_rms", cfg,
+                         need_cuda=False)
+    assert kw["SS_2D"] is True and "UNPACK_ASM" not in kw  # fp16: the ordinary conversion
+    *_, kw = km._prepare(torch.empty(256, 64, dtype=torch.bfloat16), b, None, None, 1e-6, "none", cfg,
+                         need_cuda=False)
+    assert "UNPACK_ASM" not in kw and "SS_2D" not in kw
 
 
 def test_launch_flags_and_rejects():
@@ -82,6 +101,8 @@ for name, base, N, K in json.loads(sys.argv[1]):
         # the consumers' first K loop ends at its wgmma.wait_group 0: the shuffles issued before it are in the loop
         loop = ptx[:ptx.index("wgmma.wait_group.sync.aligned 0;")]
         r[key] = {"ptxas": s["ptxas"], "bfly_in_loop": loop.count("shfl.sync.bfly"),
+                  "cvt_in_loop": loop.count("cvt.f32.bf16"), "shl_in_loop": loop.count("shl.b32"),
+                  "and_in_loop": loop.count("and.b32"), "fma_in_loop": loop.count("fma.rn.f32"),
                   "bfly": ptx.count("shfl.sync.bfly"), "ld_shared_v4": ptx.count("ld.shared.v4")}
     out[f"{name}/{N}"] = r
 print(json.dumps(out))
@@ -91,14 +112,22 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def compiled():
     jobs = [("cluster_c2_defer_elem", "cluster_c2_defer", 512, 2048), ("cluster_c2_t2_elem", "cluster_c2_t2", 1024, 2048),
-            ("ln_cluster_c4_defer_elem", "ln_cluster_c4_defer", 1024, 1000)]  # (K tail: the masked shifted terms)
+            ("ln_cluster_c4_defer_elem", "ln_cluster_c4_defer", 1024, 1000),  # (K tail: the masked shifted terms)
+            ("cluster_c2_defer_elem_asm", "cluster_c2_defer_elem", 512, 2048),
+            ("ln_cluster_c2_defer_elem_asm", "ln_cluster_c2_defer_elem", 512, 2048)]
     return run_python_json_parallel(_SCRIPT, jobs, timeout=400)
 
 
 def test_compile_benchmark_shapes(compiled):
-    assert len(compiled) == 3
+    assert len(compiled) == 5
     for key, r in compiled.items():
         e, base = r["elem"], r["base"]
+        if "_asm/" in key:  # STATS_UNPACK_ASM against the same elementwise kernel without it
+            assert e["ptxas"]["spill_stores"] == 0 == e["ptxas"]["spill_loads"], (key, e["ptxas"])
+            assert base["cvt_in_loop"] >= 32 and e["cvt_in_loop"] == base["cvt_in_loop"] - 32, (key, e, base)
+            assert e["shl_in_loop"] - base["shl_in_loop"] == 16 == e["and_in_loop"] - base["and_in_loop"], (key, e)
+            assert e["fma_in_loop"] == base["fma_in_loop"] and e["bfly_in_loop"] == 0, (key, e, base)
+            continue
         assert e["ptxas"]["spill_stores"] == 0 == e["ptxas"]["spill_loads"], (key, e["ptxas"])
         assert base["bfly_in_loop"] >= 3 * 4, (key, base)  # 3 butterfly levels x 4 rows per thread, every K step
         assert e["bfly_in_loop"] == 0, (key, e)  # the row sums left the K loop
