@@ -107,8 +107,10 @@ def test_compile_every_shipped_cluster_config(compiled):
         assert r["ptxas"]["registers"] is not None, (key, r["ptxas"])  # ptxas compiled it
         # no spills at the blog shapes; at a ragged N (not a multiple of 16: the masked colsum / beta_b loads are not
         # vectorized) at most a few registers' worth, as multi_cta's affine (16 B seen: LayerNorm c8, N = 2024)
+        # (STATS_ELEMENTWISE LayerNorm holds 64 more registers: 72 B seen for c8 at N = 2024; measured slower anyway)
         spills = r["ptxas"]["spill_stores"] + r["ptxas"]["spill_loads"]
-        assert spills <= (0 if N == C * cfg.BLOCK_N else 64), (key, r["ptxas"])
+        ragged_limit = 80 if name == "ln_cluster_c8_defer_elem" else 64
+        assert spills <= (0 if N == C * cfg.BLOCK_N else ragged_limit), (key, r["ptxas"])
         assert r["smem_ok"] and r["shared_bytes"] <= SMEM_LIMIT_BYTES, key
         # the estimate bounds the build, tightly for the fused ops (the cluster GEMM has no exchange slots)
         slack = r["smem_estimate"] - r["shared_bytes"]
