@@ -161,12 +161,16 @@ def test_ln_and_rms_cluster_builds_differ_only_by_the_statistic(compiled):
 # 2. configs, validation, host wiring, self-check cases
 # --------------------------------------------------------------------------------------------------------
 def test_shipped_cluster_ln_configs():
-    assert set(CLUSTER_LN) == {"ln_cluster_c2", "ln_cluster_c4", "ln_cluster_c8", "ln_cluster_c2_defer",
-                               "ln_cluster_c4_defer", "ln_cluster_c8_defer"}
+    base = {"ln_cluster_c2", "ln_cluster_c4", "ln_cluster_c8", "ln_cluster_c2_defer", "ln_cluster_c4_defer",
+            "ln_cluster_c8_defer"}
+    elem = {"ln_cluster_c2_defer_elem", "ln_cluster_c4_defer_elem", "ln_cluster_c8_defer_elem",
+            "ln_cluster_c2_defer_elem_asm", "ln_cluster_c4_defer_elem_asm"}  # STATS_ELEMENTWISE (+ STATS_UNPACK_ASM)
+    assert set(CLUSTER_LN) == base | elem
     for name, cfg in CLUSTER_LN.items():
         C = cfg.CLUSTER_SIZE
         assert (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.NUM_STAGES) == (128, 256, 64, 3), name
-        assert cfg.STORE_DEFER == name.endswith("_defer") and not cfg.MULTICAST_A, name
+        assert cfg.STORE_DEFER == ("_defer" in name) and not cfg.MULTICAST_A, name
+        assert cfg.STATS_ELEMENTWISE == (name in elem) and cfg.STATS_UNPACK_ASM == name.endswith("_asm"), name
         assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name
         mc = cfg.cluster_config()
         assert mc.CLUSTER_SIZE == C and mc.STORE_DEFER == cfg.STORE_DEFER and not mc.LN_PACKED and not mc.PINGPONG
