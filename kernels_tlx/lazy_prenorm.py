@@ -327,8 +327,14 @@ class TilingConfig(TilingConfigBase):
             # (the multi_cta.TilingConfig's own checks run when cluster_config() builds it: at the first call;
             # building it here would import multi_cta, which imports this module, while the module loads)
             if self.REUSE_RSTD or self.stats_off_consumers or self.A_FROM_REGS or not self.LN_EPILOGUE_MMA:
-                errors.append("CLUSTER_SIZE > 1 (the cluster form) takes no REUSE_RSTD, STATS_*, A_FROM_REGS or "
-                              "LN_EPILOGUE_MMA=False: its statistic is split across the cluster instead")
+                set_ = [f"{k}=True" for k in ("REUSE_RSTD", "STATS_WARPGROUP", "STATS_IN_PRODUCER", "A_FROM_REGS")
+                        if getattr(self, k)] + ([] if self.LN_EPILOGUE_MMA else ["LN_EPILOGUE_MMA=False"])
+                errors.append(f"{', '.join(set_)}: CLUSTER_SIZE > 1 (the cluster form) takes no REUSE_RSTD, "
+                              "STATS_WARPGROUP, STATS_IN_PRODUCER, A_FROM_REGS or LN_EPILOGUE_MMA=False: its statistic "
+                              "is split across the cluster instead")
+            if self.STATS_UNPACK_ASM and not self.STATS_ELEMENTWISE:
+                errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise "
+                              "statistic's terms)")
         elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.STATS_UNPACK_ASM or \
                 self.TILES_PER_CTA != 1:
             flags = ("MULTICAST_A", "STORE_DEFER", "STATS_ELEMENTWISE", "STATS_UNPACK_ASM")

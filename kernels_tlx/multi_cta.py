@@ -154,9 +154,13 @@ Measured on the H200 it is slower than the staged TMA store, by 46-127 points of
 (README, "STORE_DIRECT"): kept opt-in, as the record of that result.
 
 **STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200 (README,
-"Where the time goes") counted the statistic of the c2 cluster form at K = 2048 as 65 % more warp instructions than
-its GEMM: at each K step a CTA owns, the row sum of the squared [64, 64] A slice ends in 3 shuffle + add levels
-per row (12 SHFL per warp), on top of the 4 shared loads, 32 bf16 -> fp32 unpacks and 32 FMAs. With the option the
+"Where the statistic's time goes") counted the statistic of the c2 cluster form at K = 2048 as 65 % more warp
+instructions than its GEMM: at each K step a CTA owns, the row sum of the squared [64, 64] A slice ends in 3
+shuffle + add levels per row (12 SHFL per warp), on top of the 4 shared loads, the widening of 32 bf16 values (48
+instructions) and 32 FMAs. Measured (README): +5-14 points for c2 at N = 512, +3-15 for the two-tile c2 at
+N = 1024, about +1 for c4, and -1 to -6 for c8 (not profiled). **STATS_UNPACK_ASM**
+widens each packed bf16 pair with inline-PTX ``shl.b32`` / ``and.b32`` (``_widen_bf16``) instead of the compiler's
+PRMT + 2 IMAD.U32: +0-1 point at N = 512, +2.6-3.5 at N = 1024 (RMSNorm), +3.3-4.1 for Lazy LayerNorm's c2. With the option the
 squares accumulate elementwise in a [64, BLOCK_K] fp32 register tile carried through the K loop (and through both
 tiles' loops with TILES_PER_CTA = 2), and one ``tl.sum`` per M-tile reduces it; Lazy LayerNorm carries two such
 tiles (the shifted ``y`` and ``y^2``).
@@ -333,7 +337,7 @@ class TilingConfig(TilingConfigBase):
         STATS_UNPACK_ASM: with STATS_ELEMENTWISE, bf16 inputs: the statistic widens each packed bf16 pair of the A
             slice to fp32 with two integer instructions (inline PTX ``shl.b32`` / ``and.b32``: exact) instead of the
             compiler's three (PRMT + 2 IMAD.U32, counted by Nsight Compute). fp16 inputs keep the ordinary
-            conversion.
+            conversion; ``matmul_cluster`` ignores it. See "STATS_ELEMENTWISE" in the module docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -634,6 +638,22 @@ def _widen_bf16(x):
     w = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [x],
                                   dtype=tl.int32, is_pure=True, pack=2)
     return w.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _lazy_sumsq_step(ss, a_tile, SS_2D: tl.constexpr, UNPACK_ASM: tl.constexpr):
+    """"lazy_rms": ``ss`` plus the squares of one shared-memory A slice: elementwise into the [rows, BLOCK_K] tile
+    (``SS_2D``: STATS_ELEMENTWISE) or as row sums into the [rows] vector; ``UNPACK_ASM``: widened by
+    ``_widen_bf16``."""
+    if UNPACK_ASM:
+        x = _widen_bf16(tlx.local_load(a_tile))
+    else:
+        x = tlx.local_load(a_tile).to(tl.float32)
+    if SS_2D:
+        ss += x * x
+    else:
+        ss += tl.sum(x * x, axis=1)
+    return ss
 
 
 @triton.jit
@@ -1067,14 +1087,7 @@ def _multi_cta_norm_kernel(
                         acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
                         if LAZY:
                             if ki % (C * TILES) == rank * TILES:
-                                if UNPACK_ASM:
-                                    x = _widen_bf16(tlx.local_load(a_bufs[cid * NUM_STAGES + s]))
-                                else:
-                                    x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
-                                if SS_2D:
-                                    ss += x * x
-                                else:
-                                    ss += tl.sum(x * x, axis=1)
+                                ss = _lazy_sumsq_step(ss, a_bufs[cid * NUM_STAGES + s], SS_2D, UNPACK_ASM)
                         acc = tlx.async_dot_wait(1, acc)
                         if ki > 0:
                             tlx.barrier_arrive(empty_bars[s_prev])
@@ -1153,14 +1166,7 @@ def _multi_cta_norm_kernel(
                         # while the wgmma is in flight; TMA zero-fills the K tail (adds 0). TILES == 2: the second
                         # tile's share (see the first tile's loop)
                         if ki % (C * TILES) == rank * TILES + (TILES - 1):
-                            if UNPACK_ASM:
-                                x = _widen_bf16(tlx.local_load(a_bufs[cid * NUM_STAGES + s]))
-                            else:
-                                x = tlx.local_load(a_bufs[cid * NUM_STAGES + s]).to(tl.float32)
-                            if SS_2D:
-                                ss += x * x
-                            else:
-                                ss += tl.sum(x * x, axis=1)
+                            ss = _lazy_sumsq_step(ss, a_bufs[cid * NUM_STAGES + s], SS_2D, UNPACK_ASM)
                     if LAZY_LN:
                         if ki % C == rank:  # (the K tail, zero-filled by TMA, would add -shift: masked)
                             if SS_2D:
@@ -1497,8 +1503,9 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
     if norm in ("lazy_rms", "lazy_layer") and cfg.PINGPONG:
         raise ValueError(f"Lazy Pre-Norm ({norm}): PINGPONG=True is not supported (the cooperative ring only)")
     if norm not in ("lazy_rms", "lazy_layer", "none") and cfg.STATS_ELEMENTWISE:  # (matmul_cluster: the same GEMM without it)
+        op = {"rms": "matmul_rmsnorm", "layer": "matmul_layernorm"}.get(norm, norm)
         raise ValueError(f"STATS_ELEMENTWISE=True applies to Lazy Pre-Norm only (lazy_rmsnorm_matmul, "
-                         f"lazy_layernorm_matmul), got the {norm!r} kernel: use a config without it")
+                         f"lazy_layernorm_matmul), got {op}: use a config without it")
     if norm == "lazy_layer" and cfg.LN_PACKED:
         raise ValueError("Lazy Pre-Norm (lazy_layer): LN_PACKED=True is not supported (the two-statistic exchange)")
     if norm == "lazy_layer" and cfg.TILES_PER_CTA > 1:

@@ -51,10 +51,17 @@ def test_summarize_shares():
     metrics = pd.concat([_metrics("fused", 200, 30, 70), _metrics("gemm", 100, 90, 10)], ignore_index=True)
     md = npf.summarize(metrics.astype({"value": str}))
     assert "| warp instructions | 200 | 100 |" in md
-    assert "| stall: wait (% of samples) | 70.0 | 10.0 |" in md
-    assert "| stall: barrier (% of samples) | 30.0 | 90.0 |" in md
+    assert "| warp state: wait (% of samples) | 70.0 | 10.0 |" in md
+    assert "| warp state: barrier (% of samples) | 30.0 | 90.0 |" in md
     assert "not_issued" not in md  # the _not_issued twins are not counted as reasons
-    assert "| total stall samples | 100 | 100 |" in md
+    assert "| warp-state samples (all reasons, 'selected' = issuing) | 100 | 100 |" in md
+
+
+def test_parse_raw_csv_skips_warnings():
+    m = npf.parse_raw_csv("==WARNING== uncontrolled caches\n" + RAW.format(inst=1, bar=2, wait=3)).set_index("metric")
+    assert m.at["smsp__inst_executed.sum", "value"] == 1
+    with pytest.raises(ValueError, match="no header row"):
+        npf.parse_raw_csv("==WARNING== nothing else\n")
 
 
 SOURCE = ('"Kernel Name","_multi_cta_norm_kernel",\n'
@@ -75,6 +82,7 @@ def test_parse_source_csv_top_lines():
 def test_opcode_counts():
     ops = npf.opcode_counts(SOURCE).set_index("opcode")
     assert ops.at["SHFL", "inst"] == 6000 and ops.at["SHFL", "samples"] == 10  # predicate and modifiers dropped
+    assert ops.at["SHFL", "lines"] == 2 and ops.at["LDS", "lines"] == 1
     assert ops.at["LDS", "inst"] == 1000
 
 
@@ -89,5 +97,20 @@ def test_from_csv(tmp_path):
     assert set(pd.read_parquet(out / "metrics.parquet")["target"]) == {"fused", "gemm"}
     assert "| warp instructions | 200 | 100 |" in (out / "summary.md").read_text()
     assert set(pd.read_csv(out / "opcodes.csv")["target"]) == {"fused"}  # gemm has no source export
+    assert "| fused | (not in TARGETS)" in (out / "summary.md").read_text()  # the header names each target
+    (src / "fused.sass.csv").unlink()
+    assert npf.main(["--out", str(out), "--from-csv", str(src)]) == 0
+    assert not (out / "opcodes.csv").exists()  # no stale table of the earlier run
+
+
+@pytest.mark.parametrize("setup, match", [
+    (lambda d: None, "not a folder"),  # missing
+    (lambda d: d.mkdir(), "no <target>.raw.csv files"),  # empty
+    (lambda d: (d.mkdir(), (d / "k.raw.csv").write_text('"ID","x"\n"",""\n')), "k: ncu raw CSV has no kernel row"),
+])
+def test_from_csv_bad_input(tmp_path, capsys, setup, match):
+    src = tmp_path / "csv"
+    setup(src)
     with pytest.raises(SystemExit):
-        npf.main(["--out", str(out), "--from-csv", str(tmp_path / "empty")])
+        npf.main(["--out", str(tmp_path / "out"), "--from-csv", str(src)])
+    assert match in capsys.readouterr().err

@@ -1,13 +1,21 @@
-"""Hardware counters (Nsight Compute) for the places where the README says "not profiled": each target is one
-fused kernel or its own GEMM at a benchmark shape, built exactly as a sweep point is (the tiling entry of
-configs/tiling/*.yaml, ``normfuse.registry.kernel_function``, the technique's ``make_inputs`` / ``kernel_call``),
-checked against the fp32 reference, run once more to warm up, and then launched once inside
-``cudaProfilerStart/Stop`` so that ``ncu --profile-from-start off`` records that launch only. GPU only:
+"""Hardware counters (Nsight Compute) of named kernels: each target (``TARGETS``) is one fused kernel or its own GEMM
+at a benchmark shape, built exactly as a sweep point is (the tiling entry of configs/tiling/*.yaml,
+``normfuse.registry.kernel_function``, the technique's ``make_inputs`` / ``kernel_call``), checked against the fp32
+reference, run once more to warm up, and then launched once inside ``cudaProfilerStart/Stop`` so that ``ncu
+--profile-from-start off`` records that launch only. On the GPU host, from the repository root:
 
-    python -m tools.ncu_profile --out DIR [--rep-dir DIR2] [--targets NAME ...] [--set full]
-    python -m tools.ncu_profile --out DIR --from-csv CSVDIR     (CPU: the tables from ncu CSV exports)
+    source .gpubundle/env.sh
+    PYTHONPATH=$GPUBUNDLE_FBTRITON:$GPUBUNDLE_SITE:$PWD python3 -m tools.ncu_profile --out DIR --targets NAME ...
 
-from the repository root, TLX environment on the path. ``ncu`` runs with ``--clock-control none`` (the clocks as
+(``--rep-dir DIR2`` for the reports, ``--set`` for another ncu section set; one interpreter needs TLX *and*
+pandas, pyarrow and omegaconf: the bundle's site has them, ``.venv-tlx`` has not; ``ncu`` on the PATH, allowed to
+read the GPU's counters). On the CPU, the tables from ncu's CSV exports
+(``ncu -i R.ncu-rep --page raw --csv --print-units base > CSVDIR/<target>.raw.csv`` and ``--page source --csv
+--print-source sass > CSVDIR/<target>.sass.csv``):
+
+    .venv/bin/python -m tools.ncu_profile --out DIR --from-csv CSVDIR
+
+``ncu`` runs with ``--clock-control none`` (the clocks as
 found: never locked or changed) and ``--cache-control none`` (caches not flushed between replay passes, as in the
 benchmark's back-to-back launches). Writes DIR2/<target>.ncu-rep (not committed), DIR/metrics.parquet (every raw
 metric of every target, long form: target, metric, unit, value), DIR/source_top.csv (per target the SASS lines with
@@ -49,7 +57,8 @@ class Target:
 
 
 TARGETS = {
-    # Lazy Pre-Norm cluster form, c2 + STORE_DEFER: 1.20x its GEMM at K = 2048, 1.03x at K = 512 (README)
+    # Lazy Pre-Norm cluster form, c2 + STORE_DEFER and its GEMM at K = 2048 / 512 (README, "Where the statistic's
+    # time goes")
     "lazy_c2defer_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-defer-128x256x64-s3",
                                  "fused", "rmsnorm", 262144, 512, 2048),
     "lazy_c2gemm_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-128x256x64-s3",
@@ -82,8 +91,8 @@ SUMMARY_METRICS = {
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed": "tensor pipe active (% of elapsed)",
     "smsp__inst_executed.sum": "warp instructions",
     "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue active (% of cycles)",
-    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM throughput (% of peak)",
-    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed": "LSU shared-memory pipe (% of peak)",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed":
+        "LSU shared-memory pipe (% of peak)",
     "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum": "LSU shared-memory wavefronts",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "shared-memory bank conflicts",
     "smsp__sass_inst_executed_op_shared_ld.sum": "shared loads (warp instr.)",
@@ -94,7 +103,7 @@ SUMMARY_METRICS = {
     "dram__bytes_read.sum": "DRAM read (B)",
     "dram__bytes_write.sum": "DRAM write (B)",
     "lts__t_bytes.sum": "L2 traffic (B)",
-    "launch__registers_per_thread": "registers / thread",
+    "launch__registers_per_thread": "registers / thread (launch value; setmaxnreg may raise a task's)",
 }
 STALL_PREFIX = "smsp__pcsamp_warps_issue_stalled_"
 
@@ -148,7 +157,11 @@ def parse_raw_csv(text: str):
     DataFrame (metric, unit, value) of the first kernel; values that are not numbers are kept as strings."""
     import pandas as pd
 
-    df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)  # (past ==WARNING== lines)
+    if start is None:
+        raise ValueError('ncu raw CSV has no header row (a line starting with "ID")')
+    df = pd.read_csv(io.StringIO("\n".join(lines[start:])), dtype=str, keep_default_na=False)
     if len(df) < 2:
         raise ValueError("ncu raw CSV has no kernel row (was the launch profiled?)")
     units, row = df.iloc[0], df.iloc[1]
@@ -181,11 +194,12 @@ def summarize(metrics) -> str:
     if len(stalls):
         share = 100 * stalls / stalls.sum()
         keep = share[(share >= 1).any(axis=1)].sort_values(targets[0], ascending=False)
-        lines.append("| total stall samples | " + " | ".join(_fmt(stalls[t].sum()) for t in targets) + " |")
+        totals = " | ".join(_fmt(stalls[t].sum()) for t in targets)
+        lines.append(f"| warp-state samples (all reasons, 'selected' = issuing) | {totals} |")
         for m in keep.index:
             reason = m[len(STALL_PREFIX):].split(".")[0]
-            lines.append(f"| stall: {reason} (% of samples) | " + " | ".join(f"{keep.at[m, t]:.1f}" for t in targets)
-                         + " |")
+            shares = " | ".join(f"{keep.at[m, t]:.1f}" for t in targets)
+            lines.append(f"| warp state: {reason} (% of samples) | {shares} |")
     return "\n".join(lines) + "\n"
 
 
@@ -195,18 +209,26 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.4e}"
 
 
-def parse_source_csv(text: str, n: int = 40):
-    """``ncu --page source --csv --print-source sass`` output (a "Kernel Name" line, then one row per SASS
-    instruction) -> the ``n`` instructions with the most warp-stall samples, or None without source counters."""
+def _source_frame(text: str):
+    """The per-instruction table of an ``ncu --page source --csv --print-source sass`` export (its rows after the
+    "Kernel Name" line), all columns as strings, or None when the export has none."""
     import pandas as pd
 
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), None)
     if start is None:
         return None
-    df = pd.read_csv(io.StringIO("\n".join(lines[start:])), dtype=str, keep_default_na=False)
+    return pd.read_csv(io.StringIO("\n".join(lines[start:])), dtype=str, keep_default_na=False)
+
+
+def parse_source_csv(text: str, n: int = 40):
+    """``ncu --page source --csv --print-source sass`` output (a "Kernel Name" line, then one row per SASS
+    instruction) -> the ``n`` instructions with the most warp-stall samples, or None without source counters."""
+    import pandas as pd
+
+    df = _source_frame(text)
     col = "Warp Stall Sampling (All Samples)"
-    if col not in df.columns:
+    if df is None or col not in df.columns:
         return None
     df["samples"] = pd.to_numeric(df[col].str.replace(",", ""), errors="coerce").fillna(0)
     keep = [c for c in df.columns if c in ("Address", "Source", col, "Instructions Executed", "samples")
@@ -215,33 +237,56 @@ def parse_source_csv(text: str, n: int = 40):
 
 
 def opcode_counts(text: str):
-    """Executed warp instructions and stall samples per SASS opcode (predicate and modifiers dropped: ``@!P0
-    IMAD.U32`` -> ``IMAD``) from an ``ncu --page source --csv --print-source sass`` export, or None."""
+    """Per SASS opcode (predicate and modifiers dropped: ``@!P0 IMAD.U32`` -> ``IMAD``) the instructions in the code
+    (``lines``), the warp instructions executed (``inst``) and the warp-state samples, from an ``ncu --page source
+    --csv --print-source sass`` export, or None."""
     import pandas as pd
 
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), None)
-    if start is None:
+    df = _source_frame(text)
+    if df is None:
         return None
-    df = pd.read_csv(io.StringIO("\n".join(lines[start:])), dtype=str, keep_default_na=False)
     op = df["Source"].str.strip().str.replace(r"^@!?U?P\w+\s+", "", regex=True).str.split().str[0].str.split(".").str[0]
     num = {c: pd.to_numeric(df[c].str.replace(",", ""), errors="coerce").fillna(0)
            for c in ("Instructions Executed", "Warp Stall Sampling (All Samples)")}
-    return (pd.DataFrame({"opcode": op, "inst": num["Instructions Executed"],
+    return (pd.DataFrame({"opcode": op, "lines": 1, "inst": num["Instructions Executed"],
                           "samples": num["Warp Stall Sampling (All Samples)"]})
             .groupby("opcode", as_index=False).sum().sort_values("inst", ascending=False))
 
 
+def summary_text(metrics) -> str:
+    """summary.md: what each target is (``TARGETS``, where the name is one), the caveat on durations, then
+    ``summarize``."""
+    head = ["# Nsight Compute counters (tools/ncu_profile.py)", "",
+            "One profiled launch per target, M x N x K, bf16; clocks and caches as found (`--clock-control none "
+            "--cache-control none`). Durations under the profiler are not timings (replay passes, the SM clock "
+            "differs between kernels): compare cycles and counts.", "",
+            "| target | technique | tiling entry | impl | M x N x K |", "|---|---|---|---|---|"]
+    for name in dict.fromkeys(metrics["target"]):
+        t = TARGETS.get(name)
+        head.append(f"| {name} | " + (f"{t.technique} ({t.variant}) | {t.tiling} | {t.impl} | {t.M} x {t.N} x {t.K} |"
+                                      if t else "(not in TARGETS) | | | |"))
+    return "\n".join(head) + "\n\n" + summarize(metrics)
+
+
 def write_tables(out: Path, raw: dict, source: dict) -> None:
-    """DIR/metrics.parquet, DIR/summary.md and DIR/source_top.csv from ncu's CSV pages: ``raw`` and ``source``
-    map a target name to the text of its ``--page raw`` / ``--page source`` export (source may be empty)."""
+    """DIR/metrics.parquet, DIR/summary.md, DIR/source_top.csv and DIR/opcodes.csv from ncu's CSV pages: ``raw``
+    and ``source`` map a target name to the text of its ``--page raw`` / ``--page source`` export (source may be
+    empty). Tables of an earlier run in DIR are replaced (source_top / opcodes removed when no source page is
+    given). ValueError naming the target whose raw export does not parse."""
     import pandas as pd
 
-    frames = [parse_raw_csv(text).assign(target=name) for name, text in raw.items()]
+    frames = []
+    for name, text in raw.items():
+        try:
+            frames.append(parse_raw_csv(text).assign(target=name))
+        except (ValueError, pd.errors.ParserError) as e:
+            raise ValueError(f"{name}: {e}") from e
     metrics = pd.concat(frames, ignore_index=True)
     metrics["value"] = metrics["value"].astype(str)
     metrics.to_parquet(out / "metrics.parquet", index=False)
-    (out / "summary.md").write_text(summarize(metrics))
+    (out / "summary.md").write_text(summary_text(metrics))
+    for stale in ("source_top.csv", "opcodes.csv"):
+        (out / stale).unlink(missing_ok=True)
     tops = [t.assign(target=name) for name, text in source.items() if (t := parse_source_csv(text)) is not None]
     if tops:
         pd.concat(tops, ignore_index=True).to_csv(out / "source_top.csv", index=False)
@@ -253,12 +298,14 @@ def write_tables(out: Path, raw: dict, source: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="folder for the reports and tables")
-    ap.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=list(TARGETS))
+    ap.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=list(TARGETS), metavar="NAME",
+                    help="targets to profile (default: all): " + ", ".join(TARGETS))
     ap.add_argument("--rep-dir", help="folder for the .ncu-rep reports (default: --out)")
     ap.add_argument("--set", default="full", help="ncu section set (default: full)")
     ap.add_argument("--from-csv", metavar="DIR", help="no profiling: rebuild the tables in --out from ncu CSV exports "
                     "DIR/<target>.raw.csv (and <target>.sass.csv), e.g. of reports profiled earlier")
-    ap.add_argument("--child", choices=sorted(TARGETS), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=sorted(TARGETS), metavar="NAME",
+                    help="no profiler: check and launch one target (what ncu runs; warms the Triton cache)")
     args = ap.parse_args(argv)
     if args.child:
         run_child(args.child)
@@ -267,13 +314,22 @@ def main(argv=None) -> int:
         ap.error("--out is required")
     if args.from_csv:
         src = Path(args.from_csv)
+        if not src.is_dir():
+            ap.error(f"--from-csv {src}: not a folder")
         raw = {p.name[:-len(".raw.csv")]: p.read_text() for p in sorted(src.glob("*.raw.csv"))}
         if not raw:
             ap.error(f"--from-csv {src}: no <target>.raw.csv files")
         source = {n: (src / f"{n}.sass.csv").read_text() if (src / f"{n}.sass.csv").exists() else "" for n in raw}
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_tables(Path(args.out), raw, source)
-        print((Path(args.out) / "summary.md").read_text())
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            write_tables(out, raw, source)
+        except ValueError as e:
+            ap.error(f"--from-csv {src}: {e}")
+        meta = {"tool": "tools.ncu_profile", "argv": sys.argv[1:] if argv is None else list(argv),
+                "from_csv": str(src), "targets": {n: asdict(TARGETS[n]) if n in TARGETS else None for n in raw}}
+        (out / "meta_from_csv.json").write_text(json.dumps(meta, indent=1))
+        print((out / "summary.md").read_text())
         return 0
     ncu = shutil.which("ncu") or next((str(p) for p in sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))),
                                       None)

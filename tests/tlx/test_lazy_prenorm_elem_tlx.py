@@ -6,13 +6,15 @@ threads once per tile.
 - Config validation: an option of the cluster form (CLUSTER_SIZE > 1); Lazy Pre-Norm only (the multi-CTA norm ops
   raise, ``matmul_cluster`` runs the GEMM without it).
 - Compile-only for sm_90a at the benchmark shapes: no cross-thread shuffle inside the K loop (the kernel without the
-  option has 3 per row there), the same shared loads of the A slice, no spills; with STATS_UNPACK_ASM no bf16
-  conversion left in the loop (one shl + one and per packed pair instead), and only for bf16 inputs.
+  option has 3 per row there), the same shared loads of the A slice, no spills; with STATS_UNPACK_ASM the 32 bf16
+  conversions per step replaced by one shl + one and per packed pair (PTX; the SASS is Nsight Compute's to count),
+  and only for bf16 inputs.
 
 Compile-only cannot see wrong sums: ``python -m kernels_tlx.lazy_prenorm --quick --no-bench --variant rmsnorm
 --config cluster_c2_defer_elem --config cluster_c4_defer_elem --config cluster_c8_defer_elem --config
-cluster_c2_t2_elem`` and ``--variant layernorm --config ln_cluster_c2_defer_elem --config ln_cluster_c4_defer_elem
---config ln_cluster_c8_defer_elem`` on the H200 are the correctness tests.
+cluster_c2_t2_elem --config cluster_c2_defer_elem_asm --config cluster_c2_t2_elem_asm`` and ``--variant layernorm
+--config ln_cluster_c2_defer_elem --config ln_cluster_c4_defer_elem --config ln_cluster_c8_defer_elem --config
+ln_cluster_c2_defer_elem_asm --config ln_cluster_c4_defer_elem_asm`` on the H200 are the correctness tests.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ def test_unpack_asm_flags():
         km.TilingConfig(CLUSTER_SIZE=2, STATS_UNPACK_ASM=True)
     with pytest.raises(ValueError, match="STATS_UNPACK_ASM=True: .* need CLUSTER_SIZE > 1"):
         lp.TilingConfig(STATS_UNPACK_ASM=True)
+    with pytest.raises(ValueError, match="STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True"):
+        lp.TilingConfig(CLUSTER_SIZE=2, STATS_UNPACK_ASM=True)  # at construction, not only at the first call
+    with pytest.raises(ValueError, match="A_FROM_REGS=True: CLUSTER_SIZE > 1 .* takes no"):
+        lp.TilingConfig(CLUSTER_SIZE=2, STATS_ELEMENTWISE=True, A_FROM_REGS=True)  # names the field at fault
     cfg = lp.SHIPPED_CONFIGS["cluster_c2_defer_elem_asm"].cluster_config()
     b = torch.empty(64, 512, dtype=torch.bfloat16)
     *_, kw = km._prepare(torch.empty(256, 64, dtype=torch.bfloat16), b, None, None, 1e-6, "lazy_rms", cfg,
@@ -74,7 +80,7 @@ def test_launch_flags_and_rejects():
     *_, kw = km._prepare(a, b, None, None, 1e-6, "none", cfg, need_cuda=False)
     assert "SS_2D" not in kw  # matmul_cluster: the kernel's default, the same GEMM as without the option
     for norm in ("rms", "layer"):
-        with pytest.raises(ValueError, match="STATS_ELEMENTWISE=True applies to Lazy Pre-Norm only"):
+        with pytest.raises(ValueError, match="STATS_ELEMENTWISE=True applies to Lazy Pre-Norm only .* got matmul_"):
             km._prepare(a, b, None, None, 1e-6, norm, cfg, need_cuda=False)
 
 
@@ -111,7 +117,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled():
-    jobs = [("cluster_c2_defer_elem", "cluster_c2_defer", 512, 2048), ("cluster_c2_t2_elem", "cluster_c2_t2", 1024, 2048),
+    jobs = [("cluster_c2_defer_elem", "cluster_c2_defer", 512, 2048),
+            ("cluster_c2_t2_elem", "cluster_c2_t2", 1024, 2048),
             ("ln_cluster_c4_defer_elem", "ln_cluster_c4_defer", 1024, 1000),  # (K tail: the masked shifted terms)
             ("cluster_c2_defer_elem_asm", "cluster_c2_defer_elem", 512, 2048),
             ("ln_cluster_c2_defer_elem_asm", "ln_cluster_c2_defer_elem", 512, 2048)]
