@@ -513,7 +513,9 @@ def test_ln_shipped_configs():
     assert set(ktlx.SHIPPED_LN_CONFIGS) == {"ln_reuse_rstd_subtile", "ln_subtile", "ln_reuse_rstd_broadcast",
                                             "ln_stats_producer_subtile", "ln_stats_warpgroup_bn128_s4",
                                             "ln_a_regs_subtile", "ln_a_regs_bn128_s4",
-                                            *(f"ln_cluster_c{c}{d}" for c in (2, 4, 8) for d in ("", "_defer"))}
+                                            *(f"ln_cluster_c{c}{d}" for c in (2, 4, 8) for d in ("", "_defer")),
+                                            *(f"ln_cluster_c{c}_defer_elem" for c in (2, 4, 8)),  # STATS_ELEMENTWISE
+                                            "ln_cluster_c2_defer_elem_asm", "ln_cluster_c4_defer_elem_asm"}
     for name, cfg in ktlx.SHIPPED_LN_CONFIGS.items():
         assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name
         if cfg.CLUSTER_SIZE > 1:  # another kernel (multi_cta's): its shared memory is checked by compiling it
