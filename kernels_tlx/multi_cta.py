@@ -1502,8 +1502,8 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
                          "forms): use a config without it")
     if norm in ("lazy_rms", "lazy_layer") and cfg.PINGPONG:
         raise ValueError(f"Lazy Pre-Norm ({norm}): PINGPONG=True is not supported (the cooperative ring only)")
-    if norm not in ("lazy_rms", "lazy_layer", "none") and cfg.STATS_ELEMENTWISE:  # (matmul_cluster: the same GEMM without it)
-        op = {"rms": "matmul_rmsnorm", "layer": "matmul_layernorm"}.get(norm, norm)
+    if norm not in ("lazy_rms", "lazy_layer", "none") and cfg.STATS_ELEMENTWISE:  # (matmul_cluster: GEMM without it)
+        op = next(op for op, n in _NORM_OF_OP.items() if n == norm)
         raise ValueError(f"STATS_ELEMENTWISE=True applies to Lazy Pre-Norm only (lazy_rmsnorm_matmul, "
                          f"lazy_layernorm_matmul), got {op}: use a config without it")
     if norm == "lazy_layer" and cfg.LN_PACKED:

@@ -335,18 +335,16 @@ def main(argv=None) -> int:
                                       None)
     if ncu is None:
         ap.error("ncu (Nsight Compute) not found on PATH or under /opt/nvidia/nsight-compute")
-    import pandas as pd
-
     out = Path(args.out)
     rep_dir = Path(args.rep_dir or out)
     for d in (out, rep_dir):
         d.mkdir(parents=True, exist_ok=True)
+    flags = ["--clock-control", "none", "--cache-control", "none", "--profile-from-start", "off", "--set", args.set,
+             "--import-source", "no", "-k", KERNEL_REGEX, "-c", "1"]
     raw, source, status = {}, {}, {}
     for name in args.targets:
         rep = rep_dir / name
-        cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--profile-from-start", "off",
-               "--set", args.set, "--import-source", "no", "-k", KERNEL_REGEX, "-c", "1", "-f", "-o", str(rep),
-               sys.executable, "-m", "tools.ncu_profile", "--child", name]
+        cmd = [ncu, *flags, "-f", "-o", str(rep), sys.executable, "-m", "tools.ncu_profile", "--child", name]
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=os.environ)
         (out / f"{name}.log").write_text(p.stdout + p.stderr)
         rep_file = rep.with_suffix(".ncu-rep")
@@ -368,7 +366,7 @@ def main(argv=None) -> int:
     meta = {"tool": "tools.ncu_profile", "argv": sys.argv[1:], "status": status, "kernel_regex": KERNEL_REGEX,
             "ncu": ncu, "ncu_version": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout,
             "targets": {n: asdict(TARGETS[n]) for n in args.targets},
-            "ncu_flags": "--clock-control none --cache-control none --profile-from-start off --set " + args.set,
+            "ncu_flags": " ".join(flags),
             "checked": "every target against the fp32 reference at its shape before the profiled launch"}
     try:
         from normfuse import hardware
