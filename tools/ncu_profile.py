@@ -81,6 +81,18 @@ TARGETS = {
                                     "fused", "layernorm", 262144, 1024, 1024),
     "mcta_c4direct_ln_K1024": Target("multi_cta", "multi_cta_h200.yaml", "c4-direct-lnpack-persistent-s3",
                                      "fused", "layernorm", 262144, 1024, 1024),
+    # Lazy Pre-Norm LayerNorm's cluster form against the RMSNorm one and their GEMM, where the LayerNorm kernel lags
+    # most (c4 at N = 1024, K = 512; c2 at N = 512, K = 1024)
+    "lazyln_c4asm_K512": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml", "ln-cluster-c4-defer-elem-asm-128x256x64-s3",
+                                "fused", "layernorm", 262144, 1024, 512),
+    "lazy_c4elem_K512": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c4-defer-elem-128x256x64-s3",
+                               "fused", "rmsnorm", 262144, 1024, 512),
+    "lazy_c4gemm_K512": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c4-128x256x64-s3",
+                               "gemm", "rmsnorm", 262144, 1024, 512),
+    "lazyln_c2asm_K1024": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml",
+                                 "ln-cluster-c2-defer-elem-asm-128x256x64-s3", "fused", "layernorm", 262144, 512, 1024),
+    "lazy_c2asm_K1024": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-defer-elem-asm-128x256x64-s3",
+                               "fused", "rmsnorm", 262144, 512, 1024),
 }
 
 # the counters summary.md shows (raw metric names; absent ones are left blank), then every warp-stall reason
