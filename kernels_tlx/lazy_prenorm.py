@@ -260,6 +260,11 @@ class TilingConfig(TilingConfigBase):
             both fused ops (``matmul`` runs the GEMM without it). Needs CLUSTER_SIZE > 1.
         STATS_UNPACK_ASM: the cluster form's option of that name (with STATS_ELEMENTWISE, bf16: the statistic's
             bf16 -> fp32 widening as two integer instructions per packed pair). Needs CLUSTER_SIZE > 1.
+        LN_RANK1_MMA: the cluster form's option of that name (``lazy_layernorm_matmul``: the rank-1 correction as
+            one more k16 wgmma per tile, whose B operand, this rank's split colsum / beta_b, is built once per
+            kernel; the cluster form's counterpart of LN_EPILOGUE_MMA, which it ignores). Needs CLUSTER_SIZE > 1.
+        LN_SHIFT_PREFETCH: the cluster form's option of that name (``lazy_layernorm_matmul``: the next M-tile's
+            per-row shift loaded during this tile's epilogue). Needs CLUSTER_SIZE > 1.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -285,6 +290,8 @@ class TilingConfig(TilingConfigBase):
     STORE_DEFER: bool = False
     STATS_ELEMENTWISE: bool = False
     STATS_UNPACK_ASM: bool = False
+    LN_RANK1_MMA: bool = False
+    LN_SHIFT_PREFETCH: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors()
@@ -336,12 +343,13 @@ class TilingConfig(TilingConfigBase):
                 errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise "
                               "statistic's terms)")
         elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.STATS_UNPACK_ASM or \
-                self.TILES_PER_CTA != 1:
-            flags = ("MULTICAST_A", "STORE_DEFER", "STATS_ELEMENTWISE", "STATS_UNPACK_ASM")
+                self.LN_RANK1_MMA or self.LN_SHIFT_PREFETCH or self.TILES_PER_CTA != 1:
+            flags = ("MULTICAST_A", "STORE_DEFER", "STATS_ELEMENTWISE", "STATS_UNPACK_ASM", "LN_RANK1_MMA",
+                     "LN_SHIFT_PREFETCH")
             set_ = [f"{k}={getattr(self, k)}" for k in flags if getattr(self, k)]
             set_ += [f"TILES_PER_CTA={self.TILES_PER_CTA}"] if self.TILES_PER_CTA != 1 else []
             errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / STATS_ELEMENTWISE / STATS_UNPACK_ASM / "
-                          "TILES_PER_CTA are options of the cluster form: they need CLUSTER_SIZE > 1")
+                          "LN_RANK1_MMA / LN_SHIFT_PREFETCH / TILES_PER_CTA are options of the cluster form: they need CLUSTER_SIZE > 1")
         if self.CLUSTER_SIZE > 1:  # (multi_cta's TilingConfig runs the same check, but is built only at the first call)
             errors += tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, MULTICAST_A=self.MULTICAST_A,
                                            STORE_DEFER=self.STORE_DEFER, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE)
@@ -369,7 +377,8 @@ class TilingConfig(TilingConfigBase):
             NUM_STAGES=self.NUM_STAGES, NUM_CONSUMERS=self.NUM_CONSUMERS, PERSISTENT=self.PERSISTENT,
             MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE, CONSUMER_REGS=self.CONSUMER_REGS,
             STORE_DEFER=self.STORE_DEFER, TILES_PER_CTA=self.TILES_PER_CTA, STATS_ELEMENTWISE=self.STATS_ELEMENTWISE,
-            STATS_UNPACK_ASM=self.STATS_UNPACK_ASM)
+            STATS_UNPACK_ASM=self.STATS_UNPACK_ASM, LN_RANK1_MMA=self.LN_RANK1_MMA,
+            LN_SHIFT_PREFETCH=self.LN_SHIFT_PREFETCH)
 
     def supports(self, N: int) -> bool:
         """False only for the cluster form at an N its cluster does not exactly cover."""
@@ -504,6 +513,18 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
                                                  STATS_UNPACK_ASM=True),
     "ln_cluster_c4_defer_elem_asm": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
                                                  STATS_UNPACK_ASM=True),
+    # ... with the rank-1 correction as one more k16 wgmma per tile (TilingConfig.LN_RANK1_MMA)
+    "ln_cluster_c2_defer_elem_asm_mma": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                     STATS_UNPACK_ASM=True, LN_RANK1_MMA=True),
+    "ln_cluster_c4_defer_elem_asm_mma": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                     STATS_UNPACK_ASM=True, LN_RANK1_MMA=True),
+    # ... and the next M-tile's per-row shift loaded during this tile's epilogue (TilingConfig.LN_SHIFT_PREFETCH)
+    "ln_cluster_c2_defer_elem_asm_mma_pf": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                        STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
+                                                        LN_SHIFT_PREFETCH=True),
+    "ln_cluster_c4_defer_elem_asm_mma_pf": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                        STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
+                                                        LN_SHIFT_PREFETCH=True),
 }
 # ``lazy_layernorm_matmul(config=None)``: DEFAULT_CONFIG's tile with a half-size epilogue staging buffer, since the
 # LayerNorm epilogue's extra buffers do not fit beside DEFAULT_CONFIG's full one (235568 B > 232448 B).

@@ -338,6 +338,19 @@ class TilingConfig(TilingConfigBase):
             slice to fp32 with two integer instructions (inline PTX ``shl.b32`` / ``and.b32``: exact) instead of the
             compiler's three (PRMT + 2 IMAD.U32, counted by Nsight Compute). fp16 inputs keep the ordinary
             conversion; ``matmul_cluster`` ignores it. See "STATS_ELEMENTWISE" in the module docstring.
+        LN_RANK1_MMA: Lazy Pre-Norm LayerNorm only (``lazy_layernorm_matmul``): the epilogue's rank-1 correction
+            ``-mean ⊗ colsum + (1/rstd) ⊗ beta_b`` is added to the accumulator by one more m64 k16 wgmma per tile
+            (A: the per-row ``-shift``, ``-d``, ``1/rstd`` as input-dtype splits, from registers; B: the split colsum /
+            beta_b of this rank's columns, a [16, BLOCK_N] shared buffer written once per kernel by consumer 0), and
+            the epilogue then only scales by rstd, as RMSNorm's; instead of per-tile colsum / beta_b loads and two
+            fp32 vector terms per element. The same operands as ``kernels_tlx.lazy_prenorm``'s LN_EPILOGUE_MMA
+            (results differ from the fp32 epilogue by rounding). 16 * BLOCK_N * itemsize more shared memory (8 KB at
+            BLOCK_N = 256, bf16). ``matmul_cluster`` ignores it; the other ops raise ValueError. See
+            "LN_RANK1_MMA" in the module docstring.
+        LN_SHIFT_PREFETCH: Lazy Pre-Norm LayerNorm only: each consumer loads the next M-tile's per-row shift
+            ``A[:, 0]`` from global memory at the end of this tile's K loop (its latency hides behind the epilogue)
+            instead of at the start of the tile, before its first statistic step. The same values; ``matmul_cluster``
+            ignores it; the other ops raise ValueError.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -361,6 +374,8 @@ class TilingConfig(TilingConfigBase):
     STORE_DIRECT: bool = False
     STATS_ELEMENTWISE: bool = False
     STATS_UNPACK_ASM: bool = False
+    LN_RANK1_MMA: bool = False
+    LN_SHIFT_PREFETCH: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -465,6 +480,9 @@ class TilingConfig(TilingConfigBase):
         if self.CLUSTER_SIZE > 1:
             slots = _NUM_DSMEM_BUFFERS * self.NUM_CONSUMERS * nstat * self.CLUSTER_SIZE * self.rows_per_consumer * 4
         bars = 8 * (2 * self.NUM_STAGES + _NUM_DSMEM_BUFFERS * self.NUM_CONSUMERS)
+        if self.LN_RANK1_MMA and nstat == 2:  # the [16, block_n] B operand of the rank-1 wgmma and its mbarrier
+            epilogue += 16 * block_n * itemsize
+            bars += 8
         return ring + epilogue + slots + bars + 1024
 
     def _n_independent_fit(self, bn: int) -> list[str]:
@@ -629,6 +647,14 @@ def _affine_half(y, w_ptr, bias_ptr, off, N, live, ROWS: tl.constexpr, WIDTH: tl
 
 # "lazy_layer": the shifted sums of one A slice (Lazy Pre-Norm LayerNorm's, K tail masked unless EVEN_K)
 _ln_tile_stats = _lp._ln_tile_stats
+
+
+@triton.jit
+def _ln_shift(a_ptr, off_cm, M, K, BM_C: tl.constexpr):
+    """"lazy_layer": the per-row shift ``A[row, 0]`` of the consumer's A box at row ``off_cm`` (input dtype), [BM_C].
+    The box starts at the producer's clamped row ``min(off_cm, M - 1)``; rows past M read 0, as TMA zero-fills."""
+    srows = tl.minimum(off_cm, M - 1) + tl.arange(0, BM_C)
+    return tl.load(a_ptr + srows.to(tl.int64) * K, mask=srows < M, other=0.0)
 
 
 @triton.jit
@@ -907,6 +933,8 @@ def _multi_cta_norm_kernel(
     c_ptr=None,  # DIRECT: Y [M, N] itself (row-major), for the stores from registers
     SS_2D: tl.constexpr = False,  # TilingConfig.STATS_ELEMENTWISE ("lazy_rms", "lazy_layer")
     UNPACK_ASM: tl.constexpr = False,  # TilingConfig.STATS_UNPACK_ASM (with SS_2D, bf16)
+    LN_MMA: tl.constexpr = False,  # TilingConfig.LN_RANK1_MMA ("lazy_layer")
+    SHIFT_PF: tl.constexpr = False,  # TilingConfig.LN_SHIFT_PREFETCH ("lazy_layer")
 ):
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
@@ -952,6 +980,18 @@ def _multi_cta_norm_kernel(
     elif STORE_DEFER or TILES > 1:
         # output staging; TILES == 2: also the parked first tile (module docstring, "TILES_PER_CTA")
         out_bufs = tlx.local_alloc((BM_C, BLOCK_N), tlx.dtype_of(c_desc), NUM_CONSUMERS)
+    if LAZY_LN and LN_MMA:
+        # the rank-1 wgmma's B operand (this rank's split colsum / beta_b: the same for every M-tile), written once
+        # by consumer 0, which then arrives on bext_bar
+        bext_buf = tlx.local_alloc((16, BLOCK_N), DT, 1)
+        bext_bar = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+        if STORE_DEFER:
+            # its A operand in the first [64, 64] of the consumer's own staging buffer (128-byte rows, as the
+            # staging tile's swizzle needs; the wgmma reads its first 16 columns), free between the previous store's
+            # wait and this tile's local_store (else the compiler stages it: 4 KB more, which c4 has not got);
+            # consumer cid's is aext_bufs[cid * AEXT_PER_BUF]
+            AEXT_PER_BUF: tl.constexpr = BLOCK_N // 64
+            aext_bufs = tlx.local_alloc((BM_C, 64), DT, NUM_CONSUMERS * AEXT_PER_BUF, reuse=out_bufs)
     if C > 1:
         # make the mbarrier inits visible cluster-wide; the rendezvous itself is the first statement of every task
         tlx.fence_mbarrier_init_cluster()
@@ -1055,6 +1095,17 @@ def _multi_cta_norm_kernel(
             else:
                 it = 0
             t = 0  # tiles done by this consumer: selects the exchange buffer and its phase
+            if LAZY_LN and LN_MMA:
+                if cid == 0:  # the rank-1 wgmma's B operand, once (fp32 colsum / beta_b in the w / bias slots)
+                    vcols = off_nt + tl.arange(0, BLOCK_N)
+                    cs_v = tl.load(w_ptr + vcols, mask=vcols < N, other=0.0)
+                    bb_v = tl.load(bias_ptr + vcols, mask=vcols < N, other=0.0)
+                    tlx.local_store(bext_buf[0], _lp._ln_b_ext(cs_v, bb_v, DT))
+                    tlx.fence("async_shared")  # generic-proxy stores -> the wgmma's async-proxy reads
+                    tlx.barrier_arrive(bext_bar[0])
+                tlx.barrier_wait(bext_bar[0], 0)
+            if LAZY_LN and SHIFT_PF:  # the first M-tile's shift (the loop loads each next one: _ln_shift)
+                shift_nx = _ln_shift(a_ptr, cluster_id * BLOCK_M + cid * BM_C, M, K, BM_C)
             if OVERLAP:
                 # the previous M-tile's deferred epilogue: its rows, statistics (carried: computed at its park
                 # without a cluster, by its first deferred step with one), TILES * NCH chunk steps
@@ -1140,8 +1191,10 @@ def _multi_cta_norm_kernel(
                 if LAZY_LN:
                     # per-row shift = the first element of each row of this consumer's A box (the box starts at
                     # the producer's clamped row; rows past M read 0, matching TMA's zero fill)
-                    srows = tl.minimum(off_cm, M - 1) + tl.arange(0, BM_C)
-                    shift = tl.load(a_ptr + srows.to(tl.int64) * K, mask=srows < M, other=0.0).to(tl.float32)
+                    if SHIFT_PF:
+                        shift = shift_nx.to(tl.float32)
+                    else:
+                        shift = _ln_shift(a_ptr, off_cm, M, K, BM_C).to(tl.float32)
                     if SS_2D:  # the shifted terms elementwise, reduced across threads once per M-tile
                         s1 = tl.zeros([BM_C, BLOCK_K], dtype=tl.float32)
                         s2 = tl.zeros([BM_C, BLOCK_K], dtype=tl.float32)
@@ -1210,6 +1263,8 @@ def _multi_cta_norm_kernel(
                         tlx.barrier_arrive(empty_bars[s_prev], 1, remote_cta_rank=r)
                 else:
                     tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
+                if LAZY_LN and SHIFT_PF:  # the next M-tile's shift, in flight during this epilogue
+                    shift_nx = _ln_shift(a_ptr, off_cm + num_clusters * BLOCK_M, M, K, BM_C)
                 if OVERLAP:
                     if TILES == 1:
                         if t > 0:  # the deferred steps a short K loop had no room for
@@ -1358,6 +1413,18 @@ def _multi_cta_norm_kernel(
                         # 4. normalize the fp32 accumulator, affine, statistics (rank 0)
                         if RMS_LIKE:
                             y = acc * rstd[:, None]
+                        elif LAZY_LN and LN_MMA:
+                            # acc += A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b (one m64 k16 wgmma, A from
+                            # registers), then the RMSNorm-like scaling
+                            if STORE_DEFER:  # (the previous store has read out_bufs[cid]: waited for above)
+                                aext = tlx.local_slice(aext_bufs[cid * AEXT_PER_BUF], [0, 0], [BM_C, 16])
+                                tlx.local_store(aext, _lp._ln_a_ext(shift, d, rstd, DT))
+                                tlx.fence("async_shared")
+                                acc = tlx.async_dot(aext, bext_buf[0], acc)
+                            else:
+                                acc = tlx.async_dot(_lp._ln_a_ext(shift, d, rstd, DT), bext_buf[0], acc)
+                            acc = tlx.async_dot_wait(0, acc)
+                            y = acc * rstd[:, None]
                         elif LAZY_LN:
                             y = acc  # normalized with the colsum / beta_b correction per column chunk below
                         elif LN_PACKED:
@@ -1402,10 +1469,10 @@ def _multi_cta_norm_kernel(
                         # the whole tile at once: _join_cols would reorder the accumulator layout's elements, whose
                         # adjacent-column pairs _store_direct(ACC_LAYOUT=True) relies on
                         y = _affine(y, w_ptr, bias_ptr, off_nt, N, off_cm < M, BLOCK_N, HAS_W, HAS_B)
-                    elif EPILOGUE_SUBTILE or AFFINE or LAZY_LN:
+                    elif EPILOGUE_SUBTILE or AFFINE or (LAZY_LN and not LN_MMA):
                         # column halves (register-level splits of the accumulator layout), the affine per half/quarter
                         y_lo, y_hi = _split_cols(y, BM_C, BLOCK_N)
-                        if LAZY_LN:  # y = acc * rstd - (rstd * mean) * colsum + beta_b, fp32, one column quarter at a time
+                        if LAZY_LN and not LN_MMA:  # y = acc * rstd - (rstd * mean) * colsum + beta_b, fp32, one column quarter at a time
                             live = off_cm < M
                             rm = rstd * mean
                             y_lo = _lazy_ln_half(y_lo, rstd, rm, w_ptr, bias_ptr, off_nt, N, live, BM_C, BLOCK_N // 2)
@@ -1506,6 +1573,11 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         op = next(op for op, n in _NORM_OF_OP.items() if n == norm)
         raise ValueError(f"STATS_ELEMENTWISE=True applies to Lazy Pre-Norm only (lazy_rmsnorm_matmul, "
                          f"lazy_layernorm_matmul), got {op}: use a config without it")
+    for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH"):
+        if getattr(cfg, flag) and norm not in ("lazy_layer", "none"):  # (matmul_cluster: the GEMM without it)
+            op = next(op for op, n in _NORM_OF_OP.items() if n == norm)
+            raise ValueError(f"{flag}=True applies to lazy_layernorm_matmul only (Lazy Pre-Norm LayerNorm), got "
+                             f"{op}: use a config without it")
     if norm == "lazy_layer" and cfg.LN_PACKED:
         raise ValueError("Lazy Pre-Norm (lazy_layer): LN_PACKED=True is not supported (the two-statistic exchange)")
     if norm == "lazy_layer" and cfg.TILES_PER_CTA > 1:
@@ -1562,6 +1634,10 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
             ln_vectors = tuple(torch.empty(N, dtype=torch.float32, device=a.device) for _ in range(2))
         args = args[:3] + tuple(ln_vectors) + args[5:]
         kwargs.update(HAS_W=False, HAS_B=False, a_ptr=a, EVEN_K=K % cfg.BLOCK_K == 0)
+        if cfg.LN_RANK1_MMA:
+            kwargs["LN_MMA"] = True
+        if cfg.LN_SHIFT_PREFETCH:
+            kwargs["SHIFT_PF"] = True
     if C > 1:
         kwargs["ctas_per_cga"] = (C, 1, 1)
     outs = (y, mean if has_mean else None, rstd if norm != "none" else None)

@@ -1,0 +1,123 @@
+"""CPU checks of the Lazy LayerNorm cluster form's LN_RANK1_MMA and LN_SHIFT_PREFETCH options (TLX venv:
+``.venv-tlx/bin/python -m pytest tests/tlx/test_lazy_prenorm_ln_mma_tlx.py``): the epilogue's rank-1 correction as
+one more m64 k16 wgmma per tile, its B operand (this rank's split colsum / beta_b) built once per kernel, its A
+operand staged in the consumer's own output staging buffer; the next M-tile's per-row shift loaded during this
+tile's epilogue.
+
+- Config validation: options of the cluster form (CLUSTER_SIZE > 1); ``lazy_layernorm_matmul`` only (the other
+  fused ops raise, ``matmul_cluster`` runs the GEMM without them); the launch flags.
+- Compile-only for sm_90a at the benchmark shapes (c2 at N = 512, c4 at N = 1024) and a ragged one: the kernel fits
+  in shared memory (the A operand reuses the staging buffer: c4 would not fit otherwise), one more k16 wgmma per
+  consumer, no per-tile colsum / beta_b loads left in the epilogue, ptxas spills of at most 8 bytes at the
+  benchmark shapes (the kernel without the options: none).
+
+Compile-only cannot see wrong sums: ``python -m kernels_tlx.lazy_prenorm --quick --no-bench --variant layernorm
+--config ln_cluster_c2_defer_elem_asm_mma --config ln_cluster_c4_defer_elem_asm_mma --config
+ln_cluster_c2_defer_elem_asm_mma_pf --config ln_cluster_c4_defer_elem_asm_mma_pf`` on the H200 is the correctness
+test (odd shapes, mean-shifted rows).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): run with .venv-tlx/bin/python")
+
+from kernels_tlx import lazy_prenorm as lp  # noqa: E402
+from kernels_tlx import multi_cta as km  # noqa: E402
+from normfuse.testing import run_python_json_parallel  # noqa: E402
+from normfuse.compile_only import SMEM_LIMIT_BYTES  # noqa: E402
+
+MMA = ("ln_cluster_c2_defer_elem_asm_mma", "ln_cluster_c4_defer_elem_asm_mma")
+MMA_PF = ("ln_cluster_c2_defer_elem_asm_mma_pf", "ln_cluster_c4_defer_elem_asm_mma_pf")
+
+
+def test_options_of_the_cluster_form():
+    for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH"):
+        with pytest.raises(ValueError, match=f"{flag}=True.*need CLUSTER_SIZE > 1"):
+            lp.TilingConfig(**{flag: True})
+    for name in MMA + MMA_PF:
+        cfg = lp.SHIPPED_LN_CONFIGS[name].cluster_config()
+        assert cfg.LN_RANK1_MMA and cfg.LN_SHIFT_PREFETCH == name.endswith("_pf"), name
+
+
+def test_launch_flags_and_rejects():
+    cfg = lp.SHIPPED_LN_CONFIGS["ln_cluster_c2_defer_elem_asm_mma_pf"].cluster_config()
+    a = torch.empty(256, 64, dtype=torch.bfloat16)
+    b = torch.empty(64, 512, dtype=torch.bfloat16)
+    *_, kw = km._prepare(a, b, None, None, 1e-5, "lazy_layer", cfg, need_cuda=False)
+    assert kw["LN_MMA"] is True and kw["SHIFT_PF"] is True
+    *_, kw = km._prepare(a, b, None, None, 1e-5, "none", cfg, need_cuda=False)
+    assert "LN_MMA" not in kw and "SHIFT_PF" not in kw  # matmul_cluster: the same GEMM as without the options
+    for norm, op in (("rms", "matmul_rmsnorm"), ("layer", "matmul_layernorm"), ("lazy_rms", "lazy_rmsnorm_matmul")):
+        for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH"):
+            one = km.TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, **{flag: True})
+            with pytest.raises(ValueError, match=f"{flag}=True applies to lazy_layernorm_matmul only .* got {op}"):
+                km._prepare(a, b, None, None, 1e-5, norm, one, need_cuda=False)
+
+
+def test_smem_estimate_counts_the_b_operand():
+    base = km.TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True)
+    mma = km.TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, LN_RANK1_MMA=True)
+    assert mma.smem_bytes(256, 2) - base.smem_bytes(256, 2) == 16 * 256 * 2 + 8
+    assert mma.smem_bytes(256, 1) == base.smem_bytes(256, 1)  # (one statistic: not a LayerNorm kernel)
+
+
+_SCRIPT = r"""
+import json, sys, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_tlx import lazy_prenorm as lp, multi_cta as km
+
+out = {}
+for name, base, N, K in json.loads(sys.argv[1]):
+    a = torch.empty(4096, K, dtype=torch.bfloat16)
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    vec = (torch.empty(N), torch.empty(N))
+    r = {}
+    for key, cname in (("new", name), ("base", base)):
+        cfg = lp.SHIPPED_LN_CONFIGS[cname].cluster_config()
+        s = km.compile_sm90("lazy_layernorm_matmul", a, b, config=cfg, ptxas=True, colsum=vec[0], beta_b=vec[1])
+        *_, args, kw = km._prepare(a, b, None, None, 1e-5, "lazy_layer", cfg, need_cuda=False, ln_vectors=vec)
+        ptx = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE,), **kw).asm["ptx"]
+        r[key] = {"ptxas": s["ptxas"], "smem": s["shared_bytes"], "wgmma": ptx.count("wgmma.mma_async"),
+                  "ld_global_f32": ptx.count("ld.global.v2.b32") + ptx.count("ld.global.b32"),
+                  "ld_global_b16": ptx.count("ld.global.b16"), "sha": hash(ptx)}
+    out[f"{name}/{N}/{K}"] = r
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    jobs = [("ln_cluster_c2_defer_elem_asm_mma", "ln_cluster_c2_defer_elem_asm", 512, 1024),
+            ("ln_cluster_c4_defer_elem_asm_mma", "ln_cluster_c4_defer_elem_asm", 1024, 512),
+            ("ln_cluster_c4_defer_elem_asm_mma_pf", "ln_cluster_c4_defer_elem_asm_mma", 1024, 512),
+            ("ln_cluster_c4_defer_elem_asm_mma_pf", "ln_cluster_c4_defer_elem_asm_mma", 1000, 520)]  # ragged N, K
+    return run_python_json_parallel(_SCRIPT, jobs, timeout=400)
+
+
+def test_compile(compiled):
+    assert len(compiled) == 4
+    for key, r in compiled.items():
+        new, base = r["new"], r["base"]
+        assert new["smem"] <= SMEM_LIMIT_BYTES, (key, new["smem"])
+        if key.endswith("/512") or key.endswith("/1024"):  # benchmark shapes
+            assert new["ptxas"]["spill_stores"] <= 8, (key, new["ptxas"])
+        if "_pf/" in key:  # the prefetch moves the shift load, nothing else
+            assert new["sha"] != base["sha"] and new["wgmma"] == base["wgmma"], key
+            assert new["ld_global_f32"] == base["ld_global_f32"], key
+            continue
+        # one more wgmma (k16) per consumer code copy (the kernel specializes the two consumers)
+        assert new["wgmma"] - base["wgmma"] == 2, (key, new["wgmma"], base["wgmma"])
+        # the fp32 colsum / beta_b loads: once per kernel (consumer 0, vectors) instead of per tile and quarter
+        assert new["ld_global_f32"] < base["ld_global_f32"] // 4, (key, new["ld_global_f32"], base["ld_global_f32"])
+        assert new["smem"] - base["smem"] <= 16 * 256 * 2 + 64, (key, new["smem"], base["smem"])  # B only
