@@ -94,6 +94,9 @@ TARGETS = {
     "lazy_c2asm_K1024": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-defer-elem-asm-128x256x64-s3",
                                "fused", "rmsnorm", 262144, 512, 1024),
     # ... with the rank-1 correction as a wgmma and the shift prefetched (LN_RANK1_MMA, LN_SHIFT_PREFETCH)
+    "lazyln_c4mma_K512": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml",
+                                "ln-cluster-c4-defer-elem-asm-mma-128x256x64-s3", "fused", "layernorm", 262144,
+                                1024, 512),
     "lazyln_c4mmapf_K512": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml",
                                   "ln-cluster-c4-defer-elem-asm-mma-pf-128x256x64-s3", "fused", "layernorm", 262144,
                                   1024, 512),
