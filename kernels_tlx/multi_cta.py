@@ -238,6 +238,7 @@ _PRODUCER_WARPS = _lp._PRODUCER_WARPS
 _NUM_DSMEM_BUFFERS = 2  # double-buffered exchange slots (see the module docstring: sufficient for WAR)
 # PINGPONG named barriers (256 threads: both consumer warpgroups): consumer 0 waits on _PP_BAR0 before its
 # mainloop, consumer 1 on _PP_BAR1; the compiler takes 0-3 for its own CTA / partition barriers (as fna_llm)
+_A_EXT_LAYOUT = tlx.layout(shape=((4, 8, 4), (2, 2, 2)), stride=((2, 16, 256), (1, 128, 8)))
 _PP_BAR0 = tl.constexpr(9)
 _PP_BAR1 = tl.constexpr(10)
 
@@ -1418,7 +1419,24 @@ def _multi_cta_norm_kernel(
                             # registers), then the RMSNorm-like scaling
                             if STORE_DEFER:  # (the previous store has read out_bufs[cid]: waited for above)
                                 aext = tlx.local_slice(aext_bufs[cid * AEXT_PER_BUF], [0, 0], [BM_C, 16])
-                                tlx.local_store(aext, _lp._ln_a_ext(shift, d, rstd, DT))
+                                # (inline pins: a pinned value cannot be passed to a jit helper) A_ext in the wgmma
+                                # A-fragment layout, whose rows are the accumulator's
+                                d1, d2, _ = _lp._split3(d, DT)
+                                r1, r2, _ = _lp._split3(1.0 / rstd, DT)
+                                j = tlx.require_layout(tl.broadcast_to(tl.arange(0, 16)[None, :], (BM_C, 16)),
+                                                       _A_EXT_LAYOUT)
+                                ax = tl.where(j < 3, tlx.require_layout(tl.broadcast_to((-shift).to(DT)[:, None],
+                                                                                        (BM_C, 16)), _A_EXT_LAYOUT),
+                                              0.0).to(DT)
+                                ax = tl.where((j == 3) | (j == 4), tlx.require_layout(
+                                    tl.broadcast_to((-d1)[:, None], (BM_C, 16)), _A_EXT_LAYOUT), ax)
+                                ax = tl.where(j == 5, tlx.require_layout(tl.broadcast_to((-d2)[:, None], (BM_C, 16)),
+                                                                         _A_EXT_LAYOUT), ax)
+                                ax = tl.where((j == 6) | (j == 7), tlx.require_layout(
+                                    tl.broadcast_to(r1[:, None], (BM_C, 16)), _A_EXT_LAYOUT), ax)
+                                ax = tl.where(j == 8, tlx.require_layout(tl.broadcast_to(r2[:, None], (BM_C, 16)),
+                                                                         _A_EXT_LAYOUT), ax)
+                                tlx.local_store(aext, ax)
                                 tlx.fence("async_shared")
                                 acc = tlx.async_dot(aext, bext_buf[0], acc)
                             else:

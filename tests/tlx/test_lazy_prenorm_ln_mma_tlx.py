@@ -8,8 +8,8 @@ tile's epilogue.
   fused ops raise, ``matmul_cluster`` runs the GEMM without them); the launch flags.
 - Compile-only for sm_90a at the benchmark shapes (c2 at N = 512, c4 at N = 1024) and a ragged one: the kernel fits
   in shared memory (the A operand reuses the staging buffer: c4 would not fit otherwise), one more k16 wgmma per
-  consumer, no per-tile colsum / beta_b loads left in the epilogue, ptxas spills of at most 8 bytes at the
-  benchmark shapes (the kernel without the options: none).
+  consumer, no per-tile colsum / beta_b loads left in the epilogue, no ptxas spills at the
+  benchmark shapes.
 
 Compile-only cannot see wrong sums: ``python -m kernels_tlx.lazy_prenorm --quick --no-bench --variant layernorm
 --config ln_cluster_c2_defer_elem_asm_mma --config ln_cluster_c4_defer_elem_asm_mma --config
@@ -111,7 +111,7 @@ def test_compile(compiled):
         new, base = r["new"], r["base"]
         assert new["smem"] <= SMEM_LIMIT_BYTES, (key, new["smem"])
         if key.endswith("/512") or key.endswith("/1024"):  # benchmark shapes
-            assert new["ptxas"]["spill_stores"] <= 8, (key, new["ptxas"])
+            assert new["ptxas"]["spill_stores"] == 0 == new["ptxas"]["spill_loads"], (key, new["ptxas"])
         if "_pf/" in key:  # the prefetch moves the shift load, nothing else
             assert new["sha"] != base["sha"] and new["wgmma"] == base["wgmma"], key
             assert new["ld_global_f32"] == base["ld_global_f32"], key
