@@ -264,7 +264,7 @@ class TilingConfig(TilingConfigBase):
             one more k16 wgmma per tile, whose B operand, this rank's split colsum / beta_b, is built once per
             kernel; the cluster form's counterpart of LN_EPILOGUE_MMA, which it ignores). Needs CLUSTER_SIZE > 1.
         LN_SHIFT_PREFETCH: the cluster form's option of that name (``lazy_layernorm_matmul``: the next M-tile's
-            per-row shift loaded during this tile's epilogue). Needs CLUSTER_SIZE > 1.
+            per-row shift loaded during this tile's epilogue; measured slower). Needs CLUSTER_SIZE > 1.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """

@@ -165,6 +165,21 @@ squares accumulate elementwise in a [64, BLOCK_K] fp32 register tile carried thr
 tiles' loops with TILES_PER_CTA = 2), and one ``tl.sum`` per M-tile reduces it; Lazy LayerNorm carries two such
 tiles (the shifted ``y`` and ``y^2``).
 
+**LN_RANK1_MMA** (``TilingConfig.LN_RANK1_MMA``; Lazy Pre-Norm LayerNorm). Profiled on the H200 (README, "The
+rank-1 correction as a wgmma"), the LayerNorm cluster kernel ran 1.33x the RMSNorm one's cycles at (K, N) = (512,
+1024), about half of the difference its fp32 epilogue ``acc * rstd - rm * colsum + beta_b``, with the two vectors
+loaded per column quarter and tile. The option adds ``A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b`` to the
+accumulator with one more m64 k16 wgmma per tile, as ``kernels_tlx.lazy_prenorm`` does in its LN_EPILOGUE_MMA
+epilogue (``_lp._ln_a_ext`` / ``_lp._ln_b_ext``: input-dtype splits). B_ext depends only on the rank's columns, so
+consumer 0 builds it once per kernel into a [16, BLOCK_N] buffer and arrives on ``bext_bar``, which both consumers
+wait for before their first tile. With STORE_DEFER, A_ext ([64, 16], built in the wgmma A-fragment layout so that
+the statistics stay in the accumulator's rows) is stored into the first [64, 64] of the consumer's own staging
+buffer, free between the previous store's wait and this tile's store. Without STORE_DEFER the compiler stages
+the register operand itself, in 4 KB more shared memory. The epilogue then scales by rstd, as RMSNorm's.
+Measured: +13-28 points for c2 at N = 512 (>= 70 % in all three cells), +16-57 for c4 at N = 1024.
+**LN_SHIFT_PREFETCH** loads the next M-tile's per-row shift ``A[:, 0]`` at the end of this tile's K loop instead of
+at its start: measured slower (0.3-8.4 points), kept opt-in as the record of that result.
+
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
 - Every CTA holds, per (buffer ``b``, consumer, statistic), C fp32 slots of ``[64]`` (slot ``r`` receives rank
@@ -346,12 +361,13 @@ class TilingConfig(TilingConfigBase):
             the epilogue then only scales by rstd, as RMSNorm's; instead of per-tile colsum / beta_b loads and two
             fp32 vector terms per element. The same operands as ``kernels_tlx.lazy_prenorm``'s LN_EPILOGUE_MMA
             (results differ from the fp32 epilogue by rounding). 16 * BLOCK_N * itemsize more shared memory (8 KB at
-            BLOCK_N = 256, bf16). ``matmul_cluster`` ignores it; the other ops raise ValueError. See
-            "LN_RANK1_MMA" in the module docstring.
+            BLOCK_N = 256, bf16; the c8 kernel with STORE_DEFER does not fit). ``matmul_cluster`` ignores it; the
+            other ops raise ValueError. See "LN_RANK1_MMA" in the module docstring.
         LN_SHIFT_PREFETCH: Lazy Pre-Norm LayerNorm only: each consumer loads the next M-tile's per-row shift
             ``A[:, 0]`` from global memory at the end of this tile's K loop (its latency hides behind the epilogue)
-            instead of at the start of the tile, before its first statistic step. The same values; ``matmul_cluster``
-            ignores it; the other ops raise ValueError.
+            instead of at the start of the tile, before its first statistic step. The same values. Measured slower on
+            the H200 (README, "LN_RANK1_MMA"): a negative result, kept opt-in. ``matmul_cluster`` ignores it; the
+            other ops raise ValueError.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.

@@ -5,6 +5,7 @@ reference, run once more to warm up, and then launched once inside ``cudaProfile
 --profile-from-start off`` records that launch only. On the GPU host, from the repository root:
 
     source .gpubundle/env.sh
+    export NORMFUSE_GIT_SHA=$(cat .normfuse_git_sha)  # the commit measured (a copied tree's .git may be stale)
     PYTHONPATH=$GPUBUNDLE_FBTRITON:$GPUBUNDLE_SITE:$PWD python3 -m tools.ncu_profile --out DIR --targets NAME ...
 
 (``--rep-dir DIR2`` for the reports, ``--set`` for another ncu section set; one interpreter needs TLX *and*
