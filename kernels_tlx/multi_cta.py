@@ -167,8 +167,8 @@ tiles (the shifted ``y`` and ``y^2``).
 
 **LN_RANK1_MMA** (``TilingConfig.LN_RANK1_MMA``; Lazy Pre-Norm LayerNorm). Profiled on the H200 (README, "The
 rank-1 correction as a wgmma"), the LayerNorm cluster kernel ran 1.33x the RMSNorm one's cycles at (K, N) = (512,
-1024), about half of the difference its fp32 epilogue ``acc * rstd - rm * colsum + beta_b``, with the two vectors
-loaded per column quarter and tile. The option adds ``A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b`` to the
+1024), and about half of the difference was its fp32 epilogue ``acc * rstd - rm * colsum + beta_b``, with the two
+vectors loaded per column quarter and tile. The option adds ``A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b`` to the
 accumulator with one more m64 k16 wgmma per tile, as ``kernels_tlx.lazy_prenorm`` does in its LN_EPILOGUE_MMA
 epilogue (``_lp._ln_a_ext`` / ``_lp._ln_b_ext``: input-dtype splits). B_ext depends only on the rank's columns, so
 consumer 0 builds it once per kernel into a [16, BLOCK_N] buffer and arrives on ``bext_bar``, which both consumers
@@ -178,7 +178,8 @@ buffer, free between the previous store's wait and this tile's store. Without ST
 the register operand itself, in 4 KB more shared memory. The epilogue then scales by rstd, as RMSNorm's.
 Measured: +13-28 points for c2 at N = 512 (>= 70 % in all three cells), +16-57 for c4 at N = 1024.
 **LN_SHIFT_PREFETCH** loads the next M-tile's per-row shift ``A[:, 0]`` at the end of this tile's K loop instead of
-at its start: measured slower (0.3-8.4 points), kept opt-in as the record of that result.
+at its start: measured slower where resolved (1.8 points for c2 at (1024, 512), 8.4 for c4 at (512, 1024); within
+noise in the other cells), kept opt-in as the record of that result.
 
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
