@@ -262,7 +262,9 @@ class TilingConfig(TilingConfigBase):
             bf16 -> fp32 widening as two integer instructions per packed pair). Needs CLUSTER_SIZE > 1.
         LN_RANK1_MMA: the cluster form's option of that name (``lazy_layernorm_matmul``: the rank-1 correction as
             one more k16 wgmma per tile, whose B operand, this rank's split colsum / beta_b, is built once per
-            kernel; the cluster form's counterpart of LN_EPILOGUE_MMA, which it ignores). Needs CLUSTER_SIZE > 1.
+            kernel; the cluster form's counterpart of LN_EPILOGUE_MMA, which it ignores). Needs CLUSTER_SIZE > 1
+            and STORE_DEFER=True (its A operand is staged in the staging buffer); 16 * BLOCK_N * itemsize more
+            shared memory, so c8 fits only with NUM_STAGES = 2. ``matmul`` runs the GEMM without it.
         LN_SHIFT_PREFETCH: the cluster form's option of that name (``lazy_layernorm_matmul``: the next M-tile's
             per-row shift loaded during this tile's epilogue; measured slower). Needs CLUSTER_SIZE > 1.
 
@@ -342,6 +344,9 @@ class TilingConfig(TilingConfigBase):
             if self.STATS_UNPACK_ASM and not self.STATS_ELEMENTWISE:
                 errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise "
                               "statistic's terms)")
+            if self.LN_RANK1_MMA and not self.STORE_DEFER:
+                errors.append("LN_RANK1_MMA=True needs STORE_DEFER=True (the rank-1 wgmma's A operand is staged in "
+                              "the deferred store's staging buffer)")
         elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.STATS_UNPACK_ASM or \
                 self.LN_RANK1_MMA or self.LN_SHIFT_PREFETCH or self.TILES_PER_CTA != 1:
             flags = ("MULTICAST_A", "STORE_DEFER", "STATS_ELEMENTWISE", "STATS_UNPACK_ASM", "LN_RANK1_MMA",
@@ -349,7 +354,8 @@ class TilingConfig(TilingConfigBase):
             set_ = [f"{k}={getattr(self, k)}" for k in flags if getattr(self, k)]
             set_ += [f"TILES_PER_CTA={self.TILES_PER_CTA}"] if self.TILES_PER_CTA != 1 else []
             errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / STATS_ELEMENTWISE / STATS_UNPACK_ASM / "
-                          "LN_RANK1_MMA / LN_SHIFT_PREFETCH / TILES_PER_CTA are options of the cluster form: they need CLUSTER_SIZE > 1")
+                          "LN_RANK1_MMA / LN_SHIFT_PREFETCH / TILES_PER_CTA are options of the cluster form: they "
+                          "need CLUSTER_SIZE > 1")
         if self.CLUSTER_SIZE > 1:  # (multi_cta's TilingConfig runs the same check, but is built only at the first call)
             errors += tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, MULTICAST_A=self.MULTICAST_A,
                                            STORE_DEFER=self.STORE_DEFER, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE)

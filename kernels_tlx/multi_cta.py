@@ -176,7 +176,8 @@ wait for before their first tile. With STORE_DEFER, A_ext ([64, 16], built in th
 the statistics stay in the accumulator's rows) is stored into the first [64, 64] of the consumer's own staging
 buffer, free between the previous store's wait and this tile's store. Without STORE_DEFER the compiler stages
 the register operand itself, in 4 KB more shared memory. The epilogue then scales by rstd, as RMSNorm's.
-Measured: +13-28 points for c2 at N = 512 (>= 70 % in all three cells), +16-57 for c4 at N = 1024.
+Measured: +13-28 percentage points of hidden_dsl for c2 at N = 512 (>= 70 % in all three cells), +16-57 for c4
+at N = 1024.
 **LN_SHIFT_PREFETCH** loads the next M-tile's per-row shift ``A[:, 0]`` at the end of this tile's K loop instead of
 at its start: measured slower where resolved (1.8 points for c2 at (1024, 512), 8.4 for c4 at (512, 1024); within
 noise in the other cells), kept opt-in as the record of that result.
@@ -361,14 +362,15 @@ class TilingConfig(TilingConfigBase):
             beta_b of this rank's columns, a [16, BLOCK_N] shared buffer written once per kernel by consumer 0), and
             the epilogue then only scales by rstd, as RMSNorm's; instead of per-tile colsum / beta_b loads and two
             fp32 vector terms per element. The same operands as ``kernels_tlx.lazy_prenorm``'s LN_EPILOGUE_MMA
-            (results differ from the fp32 epilogue by rounding). 16 * BLOCK_N * itemsize more shared memory (8 KB at
-            BLOCK_N = 256, bf16; the c8 kernel with STORE_DEFER does not fit). ``matmul_cluster`` ignores it; the
-            other ops raise ValueError. See "LN_RANK1_MMA" in the module docstring.
+            (results differ from the fp32 epilogue by rounding). Needs STORE_DEFER=True (the A operand's staging),
+            BLOCK_N >= 64 and CLUSTER_SIZE > 1; 16 * BLOCK_N * itemsize more shared memory (8 KB at BLOCK_N = 256,
+            bf16: c8 fits only with NUM_STAGES = 2). ``matmul_cluster`` ignores it; the other ops raise ValueError
+            when called. See "LN_RANK1_MMA" in the module docstring.
         LN_SHIFT_PREFETCH: Lazy Pre-Norm LayerNorm only: each consumer loads the next M-tile's per-row shift
             ``A[:, 0]`` from global memory at the end of this tile's K loop (its latency hides behind the epilogue)
             instead of at the start of the tile, before its first statistic step. The same values. Measured slower on
-            the H200 (README, "LN_RANK1_MMA"): a negative result, kept opt-in. ``matmul_cluster`` ignores it; the
-            other ops raise ValueError.
+            the H200 (README, "LN_RANK1_MMA"): a negative result, kept opt-in. Needs CLUSTER_SIZE > 1.
+            ``matmul_cluster`` ignores it; the other ops raise ValueError when called.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -452,6 +454,14 @@ class TilingConfig(TilingConfigBase):
         if self.STATS_UNPACK_ASM and not self.STATS_ELEMENTWISE:
             errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise statistic's "
                           "terms)")
+        if self.LN_RANK1_MMA and not self.STORE_DEFER:
+            errors.append("LN_RANK1_MMA=True needs STORE_DEFER=True (the rank-1 wgmma's A operand is staged in the "
+                          "deferred store's staging buffer; the compiler's own staging needs 4 KB more shared memory, "
+                          "which c4 has not got)")
+        for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH"):
+            if getattr(self, flag) and self.CLUSTER_SIZE == 1:
+                errors.append(f"{flag}=True needs CLUSTER_SIZE > 1 (an option of Lazy LayerNorm's cluster form; "
+                              "CLUSTER_SIZE = 1 is not GPU-checked)")
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -505,6 +515,9 @@ class TilingConfig(TilingConfigBase):
 
     def _n_independent_fit(self, bn: int) -> list[str]:
         errors = []
+        if self.LN_RANK1_MMA and bn < 64:
+            errors.append(f"LN_RANK1_MMA=True needs BLOCK_N >= 64 (got {bn}): the wgmma's A operand takes the first "
+                          "[64, 64] of the staging buffer")
         if self.acc_regs_per_thread(bn) + 64 > self.CONSUMER_REGS:
             errors.append(f"accumulator registers: 64x{bn} fp32 per warpgroup = {self.acc_regs_per_thread(bn)} "
                           f"regs/thread, needs CONSUMER_REGS >= {self.acc_regs_per_thread(bn) + 64}")
@@ -516,6 +529,8 @@ class TilingConfig(TilingConfigBase):
                              "with NUM_STAGES=3, as c2_t2_ovl_lnpack)"
                              if self.EPILOGUE_OVERLAP and self.TILES_PER_CTA > 1 else
                              "(fewer stages)" if self.STORE_DIRECT else
+                             f"(LN_RANK1_MMA=True adds {16 * bn * 2} B: drop it or use NUM_STAGES=2)"
+                             if self.LN_RANK1_MMA else
                              "(fewer stages or EPILOGUE_SUBTILE=True)"))
         return errors
 
@@ -1003,13 +1018,13 @@ def _multi_cta_norm_kernel(
         # by consumer 0, which then arrives on bext_bar
         bext_buf = tlx.local_alloc((16, BLOCK_N), DT, 1)
         bext_bar = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
-        if STORE_DEFER:
-            # its A operand in the first [64, 64] of the consumer's own staging buffer (128-byte rows, as the
-            # staging tile's swizzle needs; the wgmma reads its first 16 columns), free between the previous store's
-            # wait and this tile's local_store (else the compiler stages it: 4 KB more, which c4 has not got);
-            # consumer cid's is aext_bufs[cid * AEXT_PER_BUF]
-            AEXT_PER_BUF: tl.constexpr = BLOCK_N // 64
-            aext_bufs = tlx.local_alloc((BM_C, 64), DT, NUM_CONSUMERS * AEXT_PER_BUF, reuse=out_bufs)
+        # its A operand in the first [64, 64] of the consumer's own staging buffer (STORE_DEFER, required; 128-byte
+        # rows, as the staging tile's swizzle needs; the wgmma reads its first 16 columns), free between the previous
+        # store's wait and this tile's local_store (a register operand the compiler stages itself: 4 KB more, which c4
+        # has not got); consumer cid's is aext_bufs[cid * AEXT_PER_BUF]. The output dtype is the input's (_prepare)
+        tl.static_assert(STORE_DEFER and BLOCK_N >= 64, "LN_RANK1_MMA needs STORE_DEFER and BLOCK_N >= 64")
+        AEXT_PER_BUF: tl.constexpr = BLOCK_N // 64
+        aext_bufs = tlx.local_alloc((BM_C, 64), DT, NUM_CONSUMERS * AEXT_PER_BUF, reuse=out_bufs)
     if C > 1:
         # make the mbarrier inits visible cluster-wide; the rendezvous itself is the first statement of every task
         tlx.fence_mbarrier_init_cluster()
@@ -1432,32 +1447,31 @@ def _multi_cta_norm_kernel(
                         if RMS_LIKE:
                             y = acc * rstd[:, None]
                         elif LAZY_LN and LN_MMA:
-                            # acc += A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b (one m64 k16 wgmma, A from
-                            # registers), then the RMSNorm-like scaling
-                            if STORE_DEFER:  # (the previous store has read out_bufs[cid]: waited for above)
-                                aext = tlx.local_slice(aext_bufs[cid * AEXT_PER_BUF], [0, 0], [BM_C, 16])
-                                # (inline pins: a pinned value cannot be passed to a jit helper) A_ext in the wgmma
-                                # A-fragment layout, whose rows are the accumulator's
-                                d1, d2, _ = _lp._split3(d, DT)
-                                r1, r2, _ = _lp._split3(1.0 / rstd, DT)
-                                j = tlx.require_layout(tl.broadcast_to(tl.arange(0, 16)[None, :], (BM_C, 16)),
-                                                       _A_EXT_LAYOUT)
-                                ax = tl.where(j < 3, tlx.require_layout(tl.broadcast_to((-shift).to(DT)[:, None],
-                                                                                        (BM_C, 16)), _A_EXT_LAYOUT),
-                                              0.0).to(DT)
-                                ax = tl.where((j == 3) | (j == 4), tlx.require_layout(
-                                    tl.broadcast_to((-d1)[:, None], (BM_C, 16)), _A_EXT_LAYOUT), ax)
-                                ax = tl.where(j == 5, tlx.require_layout(tl.broadcast_to((-d2)[:, None], (BM_C, 16)),
-                                                                         _A_EXT_LAYOUT), ax)
-                                ax = tl.where((j == 6) | (j == 7), tlx.require_layout(
-                                    tl.broadcast_to(r1[:, None], (BM_C, 16)), _A_EXT_LAYOUT), ax)
-                                ax = tl.where(j == 8, tlx.require_layout(tl.broadcast_to(r2[:, None], (BM_C, 16)),
-                                                                         _A_EXT_LAYOUT), ax)
-                                tlx.local_store(aext, ax)
-                                tlx.fence("async_shared")
-                                acc = tlx.async_dot(aext, bext_buf[0], acc)
-                            else:
-                                acc = tlx.async_dot(_lp._ln_a_ext(shift, d, rstd, DT), bext_buf[0], acc)
+                            # acc += A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b (one m64 k16 wgmma, A staged
+                            # in out_bufs[cid], which the previous store has read: waited for above), then the
+                            # RMSNorm-like scaling. A_ext (columns as _lp._ln_a_ext) is built in the wgmma A-fragment
+                            # layout, whose rows are the accumulator's: built in a blocked layout, it pulled the
+                            # combine and rsqrt above into that layout, 8 rows per thread (24a63c9). (Inline pins: a
+                            # pinned value cannot be passed to a jit helper.)
+                            aext = tlx.local_slice(aext_bufs[cid * AEXT_PER_BUF], [0, 0], [BM_C, 16])
+                            d1, d2, _ = _lp._split3(d, DT)
+                            r1, r2, _ = _lp._split3(1.0 / rstd, DT)
+                            j = tlx.require_layout(tl.broadcast_to(tl.arange(0, 16)[None, :], (BM_C, 16)),
+                                                   _A_EXT_LAYOUT)
+                            ax = tl.where(j < 3, tlx.require_layout(tl.broadcast_to((-shift).to(DT)[:, None],
+                                                                                    (BM_C, 16)), _A_EXT_LAYOUT),
+                                          0.0).to(DT)
+                            ax = tl.where((j == 3) | (j == 4), tlx.require_layout(
+                                tl.broadcast_to((-d1)[:, None], (BM_C, 16)), _A_EXT_LAYOUT), ax)
+                            ax = tl.where(j == 5, tlx.require_layout(tl.broadcast_to((-d2)[:, None], (BM_C, 16)),
+                                                                     _A_EXT_LAYOUT), ax)
+                            ax = tl.where((j == 6) | (j == 7), tlx.require_layout(
+                                tl.broadcast_to(r1[:, None], (BM_C, 16)), _A_EXT_LAYOUT), ax)
+                            ax = tl.where(j == 8, tlx.require_layout(tl.broadcast_to(r2[:, None], (BM_C, 16)),
+                                                                     _A_EXT_LAYOUT), ax)
+                            tlx.local_store(aext, ax)
+                            tlx.fence("async_shared")
+                            acc = tlx.async_dot(aext, bext_buf[0], acc)
                             acc = tlx.async_dot_wait(0, acc)
                             y = acc * rstd[:, None]
                         elif LAZY_LN:

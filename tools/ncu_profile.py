@@ -101,9 +101,6 @@ TARGETS = {
     "lazyln_c4mmapf_K512": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml",
                                   "ln-cluster-c4-defer-elem-asm-mma-pf-128x256x64-s3", "fused", "layernorm", 262144,
                                   1024, 512),
-    "lazyln_c2mmapf_K1024": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml",
-                                   "ln-cluster-c2-defer-elem-asm-mma-pf-128x256x64-s3", "fused", "layernorm", 262144,
-                                   512, 1024),
 }
 
 # the counters summary.md shows (raw metric names; absent ones are left blank), then every warp-stall reason

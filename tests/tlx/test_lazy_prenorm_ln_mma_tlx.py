@@ -4,17 +4,20 @@ one more m64 k16 wgmma per tile, its B operand (this rank's split colsum / beta_
 operand staged in the consumer's own output staging buffer; the next M-tile's per-row shift loaded during this
 tile's epilogue.
 
-- Config validation: options of the cluster form (CLUSTER_SIZE > 1); ``lazy_layernorm_matmul`` only (the other
-  fused ops raise, ``matmul_cluster`` runs the GEMM without them); the launch flags.
+- Config validation: options of the cluster form (CLUSTER_SIZE > 1); LN_RANK1_MMA needs STORE_DEFER and
+  BLOCK_N >= 64, and names itself when the shared memory does not fit (c8 with 3 stages); ``lazy_layernorm_matmul``
+  only (the other fused ops raise, ``matmul_cluster`` runs the GEMM without them); the launch flags.
 - Compile-only for sm_90a at the benchmark shapes (c2 at N = 512, c4 at N = 1024) and a ragged one: the kernel fits
   in shared memory (the A operand reuses the staging buffer: c4 would not fit otherwise), one more k16 wgmma per
   consumer, no per-tile colsum / beta_b loads left in the epilogue, no ptxas spills at the
-  benchmark shapes.
+  benchmark shapes; LN_SHIFT_PREFETCH: the shift's loads twice in the PTX (before the tile walk and at the end of
+  each tile's K loop) instead of once.
 
 Compile-only cannot see wrong sums: ``python -m kernels_tlx.lazy_prenorm --quick --no-bench --variant layernorm
 --config ln_cluster_c2_defer_elem_asm_mma --config ln_cluster_c4_defer_elem_asm_mma --config
 ln_cluster_c2_defer_elem_asm_mma_pf --config ln_cluster_c4_defer_elem_asm_mma_pf`` on the H200 is the correctness
-test (odd shapes, mean-shifted rows).
+test (odd shapes, mean-shifted rows), and so is ``tests/tlx/test_kernels_tlx.py::test_ln_shipped_configs_correct_on_gpu``
+(``make test-gpu``), which covers every shipped LayerNorm config.
 """
 
 from __future__ import annotations
@@ -49,6 +52,23 @@ def test_options_of_the_cluster_form():
         assert cfg.LN_RANK1_MMA and cfg.LN_SHIFT_PREFETCH == name.endswith("_pf"), name
 
 
+def test_needs_store_defer_block_n_and_fits():
+    with pytest.raises(ValueError, match="LN_RANK1_MMA=True needs STORE_DEFER=True"):
+        lp.TilingConfig(CLUSTER_SIZE=4, LN_RANK1_MMA=True)  # at construction
+    with pytest.raises(ValueError, match="LN_RANK1_MMA=True needs STORE_DEFER=True"):
+        km.TilingConfig(CLUSTER_SIZE=4, LN_RANK1_MMA=True)
+    for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH"):
+        with pytest.raises(ValueError, match=f"{flag}=True needs CLUSTER_SIZE > 1"):
+            km.TilingConfig(CLUSTER_SIZE=1, STORE_DEFER=True, **{flag: True})
+    small = km.TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True, LN_RANK1_MMA=True)
+    with pytest.raises(ValueError, match=r"LN_RANK1_MMA=True needs BLOCK_N >= 64 \(got 32\)"):
+        small.block_n(64)  # (the automatic BLOCK_N: 32 for N = 64 at c2)
+    c8 = km.TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True, STATS_ELEMENTWISE=True, LN_RANK1_MMA=True)
+    with pytest.raises(ValueError, match="LN_RANK1_MMA=True adds 8192 B: drop it or use NUM_STAGES=2"):
+        c8.block_n(2048)
+    assert km.TilingConfig(CLUSTER_SIZE=8, NUM_STAGES=2, STORE_DEFER=True, LN_RANK1_MMA=True).block_n(2048) == 256
+
+
 def test_launch_flags_and_rejects():
     cfg = lp.SHIPPED_LN_CONFIGS["ln_cluster_c2_defer_elem_asm_mma_pf"].cluster_config()
     a = torch.empty(256, 64, dtype=torch.bfloat16)
@@ -72,7 +92,7 @@ def test_smem_estimate_counts_the_b_operand():
 
 
 _SCRIPT = r"""
-import json, sys, torch
+import hashlib, json, sys, torch
 from normfuse import compile_only
 compile_only.install(90)
 from kernels_tlx import lazy_prenorm as lp, multi_cta as km
@@ -90,7 +110,7 @@ for name, base, N, K in json.loads(sys.argv[1]):
         ptx = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE,), **kw).asm["ptx"]
         r[key] = {"ptxas": s["ptxas"], "smem": s["shared_bytes"], "wgmma": ptx.count("wgmma.mma_async"),
                   "ld_global_f32": ptx.count("ld.global.v2.b32") + ptx.count("ld.global.b32"),
-                  "ld_global_b16": ptx.count("ld.global.b16"), "sha": hash(ptx)}
+                  "ld_global_b16": ptx.count("ld.global.b16"), "sha": hashlib.sha256(ptx.encode()).hexdigest()}
     out[f"{name}/{N}/{K}"] = r
 print(json.dumps(out))
 """
@@ -101,12 +121,13 @@ def compiled():
     jobs = [("ln_cluster_c2_defer_elem_asm_mma", "ln_cluster_c2_defer_elem_asm", 512, 1024),
             ("ln_cluster_c4_defer_elem_asm_mma", "ln_cluster_c4_defer_elem_asm", 1024, 512),
             ("ln_cluster_c4_defer_elem_asm_mma_pf", "ln_cluster_c4_defer_elem_asm_mma", 1024, 512),
-            ("ln_cluster_c4_defer_elem_asm_mma_pf", "ln_cluster_c4_defer_elem_asm_mma", 1000, 520)]  # ragged N, K
+            ("ln_cluster_c4_defer_elem_asm_mma", "ln_cluster_c4_defer_elem_asm", 1000, 520),  # ragged N, K
+            ("ln_cluster_c4_defer_elem_asm_mma_pf", "ln_cluster_c4_defer_elem_asm_mma", 1000, 520)]
     return run_python_json_parallel(_SCRIPT, jobs, timeout=400)
 
 
 def test_compile(compiled):
-    assert len(compiled) == 4
+    assert len(compiled) == 5
     for key, r in compiled.items():
         new, base = r["new"], r["base"]
         assert new["smem"] <= SMEM_LIMIT_BYTES, (key, new["smem"])
@@ -115,6 +136,8 @@ def test_compile(compiled):
         if "_pf/" in key:  # the prefetch moves the shift load, nothing else
             assert new["sha"] != base["sha"] and new["wgmma"] == base["wgmma"], key
             assert new["ld_global_f32"] == base["ld_global_f32"], key
+            # the shift's bf16 loads: before the walk and in the tile loop, instead of at the tile start only
+            assert base["ld_global_b16"] > 0 and new["ld_global_b16"] == 2 * base["ld_global_b16"], (key, new, base)
             continue
         # one more wgmma (k16) per consumer code copy (the kernel specializes the two consumers)
         assert new["wgmma"] - base["wgmma"] == 2, (key, new["wgmma"], base["wgmma"])
