@@ -524,6 +524,10 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
                                                      STATS_UNPACK_ASM=True, LN_RANK1_MMA=True),
     "ln_cluster_c4_defer_elem_asm_mma": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
                                                      STATS_UNPACK_ASM=True, LN_RANK1_MMA=True),
+    # c8 (N = 2048) with it fits only with a 2-stage ring
+    "ln_cluster_c8_s2_defer_elem_asm_mma": TilingConfig(CLUSTER_SIZE=8, NUM_STAGES=2, STORE_DEFER=True,
+                                                        STATS_ELEMENTWISE=True, STATS_UNPACK_ASM=True,
+                                                        LN_RANK1_MMA=True),
     # ... and the next M-tile's per-row shift loaded during this tile's epilogue (TilingConfig.LN_SHIFT_PREFETCH)
     "ln_cluster_c2_defer_elem_asm_mma_pf": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True,
                                                         STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,

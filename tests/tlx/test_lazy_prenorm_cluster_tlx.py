@@ -166,11 +166,13 @@ def test_shipped_cluster_ln_configs():
     elem = {"ln_cluster_c2_defer_elem", "ln_cluster_c4_defer_elem", "ln_cluster_c8_defer_elem",
             "ln_cluster_c2_defer_elem_asm", "ln_cluster_c4_defer_elem_asm"}  # STATS_ELEMENTWISE (+ STATS_UNPACK_ASM)
     mma = {f"ln_cluster_c{c}_defer_elem_asm_mma{p}" for c in (2, 4) for p in ("", "_pf")}  # + LN_RANK1_MMA (+ prefetch)
+    mma.add("ln_cluster_c8_s2_defer_elem_asm_mma")  # (2 stages: the B operand does not fit c8 with 3)
     elem |= mma
     assert set(CLUSTER_LN) == base | elem
     for name, cfg in CLUSTER_LN.items():
         C = cfg.CLUSTER_SIZE
-        assert (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.NUM_STAGES) == (128, 256, 64, 3), name
+        stages = 2 if "_s2_" in name else 3
+        assert (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.NUM_STAGES) == (128, 256, 64, stages), name
         assert cfg.STORE_DEFER == ("_defer" in name) and not cfg.MULTICAST_A, name
         assert cfg.STATS_ELEMENTWISE == (name in elem) and cfg.STATS_UNPACK_ASM == ("_asm" in name), name
         assert cfg.LN_RANK1_MMA == (name in mma) and cfg.LN_SHIFT_PREFETCH == name.endswith("_pf"), name
@@ -291,6 +293,10 @@ def test_ln_tiling_entries_match_the_configs():
             impls = e.pop("impls", None)
             assert impls == (["fused"] if suffix else None), e
             assert TilingConfig.from_dict(e) == SHIPPED_LN_CONFIGS[name], (name, e)
+    e = dict(entries["ln-cluster-c8-defer-elem-asm-mma-128x256x64-s2"])
+    e.pop("name")
+    assert e.pop("impls") == ["fused"]
+    assert TilingConfig.from_dict(e) == SHIPPED_LN_CONFIGS["ln_cluster_c8_s2_defer_elem_asm_mma"], e
     for C in (2, 4):  # LN_RANK1_MMA (+ LN_SHIFT_PREFETCH): experiment lazy_prenorm_ln_mma
         for suffix, name in (("mma", f"ln_cluster_c{C}_defer_elem_asm_mma"),
                              ("mma-pf", f"ln_cluster_c{C}_defer_elem_asm_mma_pf")):
