@@ -264,7 +264,8 @@ class TilingConfig(TilingConfigBase):
             one more k16 wgmma per tile, whose B operand, this rank's split colsum / beta_b, is built once per
             kernel; the cluster form's counterpart of LN_EPILOGUE_MMA, which it ignores). Needs CLUSTER_SIZE > 1
             and STORE_DEFER=True (its A operand is staged in the staging buffer); 16 * BLOCK_N * itemsize more
-            shared memory, so c8 fits only with NUM_STAGES = 2. ``matmul`` runs the GEMM without it.
+            shared memory, so c8 fits only with NUM_STAGES = 2 (measured far slower). ``matmul`` runs the GEMM
+            without it.
         LN_SHIFT_PREFETCH: the cluster form's option of that name (``lazy_layernorm_matmul``: the next M-tile's
             per-row shift loaded during this tile's epilogue; measured slower). Needs CLUSTER_SIZE > 1.
 

@@ -177,7 +177,8 @@ the statistics stay in the accumulator's rows) is stored into the first [64, 64]
 buffer, free between the previous store's wait and this tile's store. Without STORE_DEFER the compiler stages
 the register operand itself, in 4 KB more shared memory. The epilogue then scales by rstd, as RMSNorm's.
 Measured: +13-28 percentage points of hidden_dsl for c2 at N = 512 (>= 70 % in all three cells), +16-57 for c4
-at N = 1024.
+at N = 1024; c8 fits only with a 2-stage ring, which costs far more than the option saves (N = 2048: -181 to -468 %
+against -24 to -338 % for the 3-stage kernel without it).
 **LN_SHIFT_PREFETCH** loads the next M-tile's per-row shift ``A[:, 0]`` at the end of this tile's K loop instead of
 at its start: measured slower where resolved (1.8 points for c2 at (1024, 512), 8.4 for c4 at (512, 1024); within
 noise in the other cells), kept opt-in as the record of that result.
