@@ -109,7 +109,9 @@ def test_compile_every_shipped_cluster_config(compiled):
         # vectorized) at most a few registers' worth, as multi_cta's affine (16 B seen: LayerNorm c8, N = 2024)
         # (STATS_ELEMENTWISE LayerNorm holds 64 more registers: 72 B seen for c8 at N = 2024; measured slower anyway)
         spills = r["ptxas"]["spill_stores"] + r["ptxas"]["spill_loads"]
-        ragged_limit = 80 if name == "ln_cluster_c8_defer_elem" else 64
+        # (LN_SHIFT_PREFETCH carries the next tile's shift through the epilogue: 104 B for c4 at (1, 1000, 1000); a
+        # measured-slower option)
+        ragged_limit = 80 if name == "ln_cluster_c8_defer_elem" else 128 if name.endswith("_mma_pf") else 64
         assert spills <= (0 if N == C * cfg.BLOCK_N else ragged_limit), (key, r["ptxas"])
         assert r["smem_ok"] and r["shared_bytes"] <= SMEM_LIMIT_BYTES, key
         # the estimate bounds the build, tightly for the fused ops (the cluster GEMM has no exchange slots)
