@@ -161,6 +161,16 @@ def tiles_per_cta_errors(TILES_PER_CTA: int, CLUSTER_SIZE: int, **flags: bool) -
     return errors
 
 
+def ln_rank1_mma_errors(LN_RANK1_MMA: bool, STORE_DEFER: bool) -> list[str]:
+    """The STORE_DEFER requirement of ``kernels_tlx.multi_cta``'s LN_RANK1_MMA option, shared by its TilingConfig and
+    this module's cluster form (which builds that config only at the first call)."""
+    if LN_RANK1_MMA and not STORE_DEFER:
+        return ["LN_RANK1_MMA=True needs STORE_DEFER=True (the rank-1 wgmma's A operand is staged in the deferred "
+                "store's staging buffer; the compiler's own staging needs 4 KB more shared memory, which c4 has not "
+                "got)"]
+    return []
+
+
 def consumer_register_errors(NUM_CONSUMERS: int, CONSUMER_REGS: int, STATS_REGS: int | None = None) -> list[str]:
     """``setmaxnreg`` limits of the consumer warpgroups and the register file they share with the 4-warp producer
     (for 1 or 2 consumers; other counts are rejected by the caller) and, when ``STATS_REGS`` is given, with a
@@ -345,9 +355,7 @@ class TilingConfig(TilingConfigBase):
             if self.STATS_UNPACK_ASM and not self.STATS_ELEMENTWISE:
                 errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise "
                               "statistic's terms)")
-            if self.LN_RANK1_MMA and not self.STORE_DEFER:
-                errors.append("LN_RANK1_MMA=True needs STORE_DEFER=True (the rank-1 wgmma's A operand is staged in "
-                              "the deferred store's staging buffer)")
+            errors += ln_rank1_mma_errors(self.LN_RANK1_MMA, self.STORE_DEFER)
         elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.STATS_UNPACK_ASM or \
                 self.LN_RANK1_MMA or self.LN_SHIFT_PREFETCH or self.TILES_PER_CTA != 1:
             flags = ("MULTICAST_A", "STORE_DEFER", "STATS_ELEMENTWISE", "STATS_UNPACK_ASM", "LN_RANK1_MMA",

@@ -172,10 +172,11 @@ vectors loaded per column quarter and tile. The option adds ``A_ext @ B_ext = -m
 accumulator with one more m64 k16 wgmma per tile, as ``kernels_tlx.lazy_prenorm`` does in its LN_EPILOGUE_MMA
 epilogue (``_lp._ln_a_ext`` / ``_lp._ln_b_ext``: input-dtype splits). B_ext depends only on the rank's columns, so
 consumer 0 builds it once per kernel into a [16, BLOCK_N] buffer and arrives on ``bext_bar``, which both consumers
-wait for before their first tile. With STORE_DEFER, A_ext ([64, 16], built in the wgmma A-fragment layout so that
-the statistics stay in the accumulator's rows) is stored into the first [64, 64] of the consumer's own staging
-buffer, free between the previous store's wait and this tile's store. Without STORE_DEFER the compiler stages
-the register operand itself, in 4 KB more shared memory. The epilogue then scales by rstd, as RMSNorm's.
+wait for before their first tile. A_ext ([64, 16], built in the wgmma A-fragment layout so that the statistics
+stay in the accumulator's rows) is stored into the first [64, 64] of the consumer's own staging buffer, free
+between the previous store's wait and this tile's store; hence STORE_DEFER is required (a register operand the
+compiler staged itself would need 4 KB more shared memory, which c4 has not got). The epilogue then scales by rstd,
+as RMSNorm's.
 Measured: +13-28 percentage points of hidden_dsl for c2 at N = 512 (>= 70 % in all three cells), +16-57 for c4
 at N = 1024; c8 fits only with a 2-stage ring, which costs far more than the option saves (N = 2048: -181 to -468 %
 against -24 to -338 % for the 3-stage kernel without it).
@@ -359,8 +360,9 @@ class TilingConfig(TilingConfigBase):
             conversion; ``matmul_cluster`` ignores it. See "STATS_ELEMENTWISE" in the module docstring.
         LN_RANK1_MMA: Lazy Pre-Norm LayerNorm only (``lazy_layernorm_matmul``): the epilogue's rank-1 correction
             ``-mean ⊗ colsum + (1/rstd) ⊗ beta_b`` is added to the accumulator by one more m64 k16 wgmma per tile
-            (A: the per-row ``-shift``, ``-d``, ``1/rstd`` as input-dtype splits, from registers; B: the split colsum /
-            beta_b of this rank's columns, a [16, BLOCK_N] shared buffer written once per kernel by consumer 0), and
+            (A: the per-row ``-shift``, ``-d``, ``1/rstd`` as input-dtype splits, staged in the consumer's STORE_DEFER
+            buffer; B: the split colsum / beta_b of this rank's columns, a [16, BLOCK_N] shared buffer written once
+            per kernel by consumer 0), and
             the epilogue then only scales by rstd, as RMSNorm's; instead of per-tile colsum / beta_b loads and two
             fp32 vector terms per element. The same operands as ``kernels_tlx.lazy_prenorm``'s LN_EPILOGUE_MMA
             (results differ from the fp32 epilogue by rounding). Needs STORE_DEFER=True (the A operand's staging),
@@ -455,10 +457,7 @@ class TilingConfig(TilingConfigBase):
         if self.STATS_UNPACK_ASM and not self.STATS_ELEMENTWISE:
             errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise statistic's "
                           "terms)")
-        if self.LN_RANK1_MMA and not self.STORE_DEFER:
-            errors.append("LN_RANK1_MMA=True needs STORE_DEFER=True (the rank-1 wgmma's A operand is staged in the "
-                          "deferred store's staging buffer; the compiler's own staging needs 4 KB more shared memory, "
-                          "which c4 has not got)")
+        errors += _lp.ln_rank1_mma_errors(self.LN_RANK1_MMA, self.STORE_DEFER)
         for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH"):
             if getattr(self, flag) and self.CLUSTER_SIZE == 1:
                 errors.append(f"{flag}=True needs CLUSTER_SIZE > 1 (an option of Lazy LayerNorm's cluster form; "
