@@ -278,6 +278,8 @@ class TilingConfig(TilingConfigBase):
             without it.
         LN_SHIFT_PREFETCH: the cluster form's option of that name (``lazy_layernorm_matmul``: the next M-tile's
             per-row shift loaded during this tile's epilogue; measured slower). Needs CLUSTER_SIZE > 1.
+        LN_SHIFT_SMEM: the cluster form's option of that name (``lazy_layernorm_matmul``: the per-row shift read
+            from the M-tile's first A slice in shared memory, not loaded from global memory). Needs CLUSTER_SIZE > 1.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -305,6 +307,7 @@ class TilingConfig(TilingConfigBase):
     STATS_UNPACK_ASM: bool = False
     LN_RANK1_MMA: bool = False
     LN_SHIFT_PREFETCH: bool = False
+    LN_SHIFT_SMEM: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors()
@@ -357,14 +360,16 @@ class TilingConfig(TilingConfigBase):
                               "statistic's terms)")
             errors += ln_rank1_mma_errors(self.LN_RANK1_MMA, self.STORE_DEFER)
         elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.STATS_UNPACK_ASM or \
-                self.LN_RANK1_MMA or self.LN_SHIFT_PREFETCH or self.TILES_PER_CTA != 1:
+                self.LN_RANK1_MMA or self.LN_SHIFT_PREFETCH or self.LN_SHIFT_SMEM or self.TILES_PER_CTA != 1:
             flags = ("MULTICAST_A", "STORE_DEFER", "STATS_ELEMENTWISE", "STATS_UNPACK_ASM", "LN_RANK1_MMA",
-                     "LN_SHIFT_PREFETCH")
+                     "LN_SHIFT_PREFETCH", "LN_SHIFT_SMEM")
             set_ = [f"{k}={getattr(self, k)}" for k in flags if getattr(self, k)]
             set_ += [f"TILES_PER_CTA={self.TILES_PER_CTA}"] if self.TILES_PER_CTA != 1 else []
             errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / STATS_ELEMENTWISE / STATS_UNPACK_ASM / "
-                          "LN_RANK1_MMA / LN_SHIFT_PREFETCH / TILES_PER_CTA are options of the cluster form: they "
-                          "need CLUSTER_SIZE > 1")
+                          "LN_RANK1_MMA / LN_SHIFT_PREFETCH / LN_SHIFT_SMEM / TILES_PER_CTA are options of the cluster "
+                          "form: they need CLUSTER_SIZE > 1")
+        if self.LN_SHIFT_SMEM and self.LN_SHIFT_PREFETCH:
+            errors.append("LN_SHIFT_SMEM and LN_SHIFT_PREFETCH are exclusive (where the shift comes from)")
         if self.CLUSTER_SIZE > 1:  # (multi_cta's TilingConfig runs the same check, but is built only at the first call)
             errors += tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, MULTICAST_A=self.MULTICAST_A,
                                            STORE_DEFER=self.STORE_DEFER, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE)
@@ -393,7 +398,7 @@ class TilingConfig(TilingConfigBase):
             MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE, CONSUMER_REGS=self.CONSUMER_REGS,
             STORE_DEFER=self.STORE_DEFER, TILES_PER_CTA=self.TILES_PER_CTA, STATS_ELEMENTWISE=self.STATS_ELEMENTWISE,
             STATS_UNPACK_ASM=self.STATS_UNPACK_ASM, LN_RANK1_MMA=self.LN_RANK1_MMA,
-            LN_SHIFT_PREFETCH=self.LN_SHIFT_PREFETCH)
+            LN_SHIFT_PREFETCH=self.LN_SHIFT_PREFETCH, LN_SHIFT_SMEM=self.LN_SHIFT_SMEM)
 
     def supports(self, N: int) -> bool:
         """False only for the cluster form at an N its cluster does not exactly cover."""
@@ -544,6 +549,13 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     "ln_cluster_c4_defer_elem_asm_mma_pf": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
                                                         STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
                                                         LN_SHIFT_PREFETCH=True),
+    # ... or the shift read from the first A slice in shared memory (TilingConfig.LN_SHIFT_SMEM)
+    "ln_cluster_c2_defer_elem_asm_mma_smemshift": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True,
+                                                               STATS_ELEMENTWISE=True, STATS_UNPACK_ASM=True,
+                                                               LN_RANK1_MMA=True, LN_SHIFT_SMEM=True),
+    "ln_cluster_c4_defer_elem_asm_mma_smemshift": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True,
+                                                               STATS_ELEMENTWISE=True, STATS_UNPACK_ASM=True,
+                                                               LN_RANK1_MMA=True, LN_SHIFT_SMEM=True),
 }
 # ``lazy_layernorm_matmul(config=None)``: DEFAULT_CONFIG's tile with a half-size epilogue staging buffer, since the
 # LayerNorm epilogue's extra buffers do not fit beside DEFAULT_CONFIG's full one (235568 B > 232448 B).

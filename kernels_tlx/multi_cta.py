@@ -183,6 +183,11 @@ against -24 to -338 % for the 3-stage kernel without it).
 **LN_SHIFT_PREFETCH** loads the next M-tile's per-row shift ``A[:, 0]`` at the end of this tile's K loop instead of
 at its start: measured slower where resolved (1.8 points for c2 at (1024, 512), 8.4 for c4 at (512, 1024); within
 noise in the other cells), kept opt-in as the record of that result.
+**LN_SHIFT_SMEM** reads the shift ``A[:, 0]`` from the tile's first A slice in shared memory, at the first K step
+and after that step's wgmma is issued, instead of from global memory before the K loop. The profile of the c4 kernel
+with LN_RANK1_MMA at (K, N) = (512, 1024) put about 4 % of the consumer warps' samples on the shift's global load
+(long-scoreboard stalls at its bf16 widening, about one memory latency per tile). The same values, so the same
+results.
 
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
@@ -374,6 +379,10 @@ class TilingConfig(TilingConfigBase):
             instead of at the start of the tile, before its first statistic step. The same values. Measured slower on
             the H200 (README, "LN_RANK1_MMA"): a negative result, kept opt-in. Needs CLUSTER_SIZE > 1.
             ``matmul_cluster`` ignores it; the other ops raise ValueError when called.
+        LN_SHIFT_SMEM: Lazy Pre-Norm LayerNorm only: each consumer reads its rows' shift ``A[:, 0]`` from the M-tile's
+            first A slice in shared memory, at the first K step after its wgmma is issued, instead of loading it from
+            global memory before the K loop. The same values, so the same results. Needs CLUSTER_SIZE > 1; excludes
+            LN_SHIFT_PREFETCH. ``matmul_cluster`` ignores it; the other ops raise ValueError when called.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
@@ -399,6 +408,7 @@ class TilingConfig(TilingConfigBase):
     STATS_UNPACK_ASM: bool = False
     LN_RANK1_MMA: bool = False
     LN_SHIFT_PREFETCH: bool = False
+    LN_SHIFT_SMEM: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -458,10 +468,12 @@ class TilingConfig(TilingConfigBase):
             errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise statistic's "
                           "terms)")
         errors += _lp.ln_rank1_mma_errors(self.LN_RANK1_MMA, self.STORE_DEFER)
-        for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH"):
+        for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH", "LN_SHIFT_SMEM"):
             if getattr(self, flag) and self.CLUSTER_SIZE == 1:
                 errors.append(f"{flag}=True needs CLUSTER_SIZE > 1 (an option of Lazy LayerNorm's cluster form; "
                               "CLUSTER_SIZE = 1 is not GPU-checked)")
+        if self.LN_SHIFT_SMEM and self.LN_SHIFT_PREFETCH:
+            errors.append("LN_SHIFT_SMEM and LN_SHIFT_PREFETCH are exclusive (where the shift comes from)")
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -680,6 +692,18 @@ def _affine_half(y, w_ptr, bias_ptr, off, N, live, ROWS: tl.constexpr, WIDTH: tl
 
 # "lazy_layer": the shifted sums of one A slice (Lazy Pre-Norm LayerNorm's, K tail masked unless EVEN_K)
 _ln_tile_stats = _lp._ln_tile_stats
+
+
+@triton.jit
+def _ln_shift_smem(a_tile, BLOCK_K: tl.constexpr, UNPACK_ASM: tl.constexpr):
+    """"lazy_layer", LN_SHIFT_SMEM: ``_ln_shift``'s values, read from column 0 of the M-tile's first shared-memory A
+    slice (the same box: the producer's clamped rows, TMA's zero fill past M) as fp32, [rows]: the row sum of the
+    slice with every other column replaced by 0 (exact)."""
+    if UNPACK_ASM:
+        x = _widen_bf16(tlx.local_load(a_tile))
+    else:
+        x = tlx.local_load(a_tile).to(tl.float32)
+    return tl.sum(tl.where((tl.arange(0, BLOCK_K) == 0)[None, :], x, 0.0), axis=1)
 
 
 @triton.jit
@@ -968,6 +992,7 @@ def _multi_cta_norm_kernel(
     UNPACK_ASM: tl.constexpr = False,  # TilingConfig.STATS_UNPACK_ASM (with SS_2D, bf16)
     LN_MMA: tl.constexpr = False,  # TilingConfig.LN_RANK1_MMA ("lazy_layer")
     SHIFT_PF: tl.constexpr = False,  # TilingConfig.LN_SHIFT_PREFETCH ("lazy_layer")
+    SHIFT_SMEM: tl.constexpr = False,  # TilingConfig.LN_SHIFT_SMEM ("lazy_layer")
 ):
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
@@ -1226,6 +1251,8 @@ def _multi_cta_norm_kernel(
                     # the producer's clamped row; rows past M read 0, matching TMA's zero fill)
                     if SHIFT_PF:
                         shift = shift_nx.to(tl.float32)
+                    elif SHIFT_SMEM:  # read from the first A slice at ki == 0, in the K loop below
+                        shift = tl.zeros([BM_C], dtype=tl.float32)
                     else:
                         shift = _ln_shift(a_ptr, off_cm, M, K, BM_C).to(tl.float32)
                     if SS_2D:  # the shifted terms elementwise, reduced across threads once per M-tile
@@ -1254,6 +1281,9 @@ def _multi_cta_norm_kernel(
                         if ki % (C * TILES) == rank * TILES + (TILES - 1):
                             ss = _lazy_sumsq_step(ss, a_bufs[cid * NUM_STAGES + s], SS_2D, UNPACK_ASM)
                     if LAZY_LN:
+                        if SHIFT_SMEM:
+                            if ki == 0:  # column 0 of the first slice (its rows past M: TMA's zero fill, as _ln_shift)
+                                shift = _ln_shift_smem(a_bufs[cid * NUM_STAGES + s], BLOCK_K, UNPACK_ASM)
                         if ki % C == rank:  # (the K tail, zero-filled by TMA, would add -shift: masked)
                             if SS_2D:
                                 y = _ln_tile_terms(a_bufs[cid * NUM_STAGES + s], shift, ki * BLOCK_K, K, BLOCK_K, EVEN_K,
@@ -1622,7 +1652,7 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         op = next(op for op, n in _NORM_OF_OP.items() if n == norm)
         raise ValueError(f"STATS_ELEMENTWISE=True applies to Lazy Pre-Norm only (lazy_rmsnorm_matmul, "
                          f"lazy_layernorm_matmul), got {op}: use a config without it")
-    for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH"):
+    for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH", "LN_SHIFT_SMEM"):
         if getattr(cfg, flag) and norm not in ("lazy_layer", "none"):  # (matmul_cluster: the GEMM without it)
             op = next(op for op, n in _NORM_OF_OP.items() if n == norm)
             raise ValueError(f"{flag}=True applies to lazy_layernorm_matmul only (Lazy Pre-Norm LayerNorm), got "
@@ -1687,6 +1717,8 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
             kwargs["LN_MMA"] = True
         if cfg.LN_SHIFT_PREFETCH:
             kwargs["SHIFT_PF"] = True
+        if cfg.LN_SHIFT_SMEM:
+            kwargs["SHIFT_SMEM"] = True
     if C > 1:
         kwargs["ctas_per_cga"] = (C, 1, 1)
     outs = (y, mean if has_mean else None, rstd if norm != "none" else None)

@@ -101,6 +101,10 @@ TARGETS = {
     "lazyln_c4mmapf_K512": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml",
                                   "ln-cluster-c4-defer-elem-asm-mma-pf-128x256x64-s3", "fused", "layernorm", 262144,
                                   1024, 512),
+    # ... or the shift read from the first A slice in shared memory (LN_SHIFT_SMEM)
+    "lazyln_c4mmass_K512": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml",
+                                  "ln-cluster-c4-defer-elem-asm-mma-smemshift-128x256x64-s3", "fused", "layernorm",
+                                  262144, 1024, 512),
 }
 
 # the counters summary.md shows (raw metric names; absent ones are left blank), then every warp-stall reason

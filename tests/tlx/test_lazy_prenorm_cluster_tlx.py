@@ -167,7 +167,8 @@ def test_shipped_cluster_ln_configs():
             "ln_cluster_c8_defer"}
     elem = {"ln_cluster_c2_defer_elem", "ln_cluster_c4_defer_elem", "ln_cluster_c8_defer_elem",
             "ln_cluster_c2_defer_elem_asm", "ln_cluster_c4_defer_elem_asm"}  # STATS_ELEMENTWISE (+ STATS_UNPACK_ASM)
-    mma = {f"ln_cluster_c{c}_defer_elem_asm_mma{p}" for c in (2, 4) for p in ("", "_pf")}  # + LN_RANK1_MMA (+ prefetch)
+    # + LN_RANK1_MMA (+ LN_SHIFT_PREFETCH / LN_SHIFT_SMEM)
+    mma = {f"ln_cluster_c{c}_defer_elem_asm_mma{p}" for c in (2, 4) for p in ("", "_pf", "_smemshift")}
     mma.add("ln_cluster_c8_s2_defer_elem_asm_mma")  # (2 stages: the B operand does not fit c8 with 3)
     elem |= mma
     assert set(CLUSTER_LN) == base | elem
@@ -178,6 +179,7 @@ def test_shipped_cluster_ln_configs():
         assert cfg.STORE_DEFER == ("_defer" in name) and not cfg.MULTICAST_A, name
         assert cfg.STATS_ELEMENTWISE == (name in elem) and cfg.STATS_UNPACK_ASM == ("_asm" in name), name
         assert cfg.LN_RANK1_MMA == (name in mma) and cfg.LN_SHIFT_PREFETCH == name.endswith("_pf"), name
+        assert cfg.LN_SHIFT_SMEM == name.endswith("_smemshift"), name
         assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name
         mc = cfg.cluster_config()
         assert mc.CLUSTER_SIZE == C and mc.STORE_DEFER == cfg.STORE_DEFER and not mc.LN_PACKED and not mc.PINGPONG
@@ -299,9 +301,10 @@ def test_ln_tiling_entries_match_the_configs():
     e.pop("name")
     assert e.pop("impls") == ["fused"]
     assert TilingConfig.from_dict(e) == SHIPPED_LN_CONFIGS["ln_cluster_c8_s2_defer_elem_asm_mma"], e
-    for C in (2, 4):  # LN_RANK1_MMA (+ LN_SHIFT_PREFETCH): experiment lazy_prenorm_ln_mma
+    for C in (2, 4):  # LN_RANK1_MMA (+ LN_SHIFT_PREFETCH / LN_SHIFT_SMEM): lazy_prenorm_ln_mma, _ln_smemshift
         for suffix, name in (("mma", f"ln_cluster_c{C}_defer_elem_asm_mma"),
-                             ("mma-pf", f"ln_cluster_c{C}_defer_elem_asm_mma_pf")):
+                             ("mma-pf", f"ln_cluster_c{C}_defer_elem_asm_mma_pf"),
+                             ("mma-smemshift", f"ln_cluster_c{C}_defer_elem_asm_mma_smemshift")):
             e = dict(entries[f"ln-cluster-c{C}-defer-elem-asm-{suffix}-128x256x64-s3"])
             e.pop("name")
             assert e.pop("impls") == ["fused"], e
