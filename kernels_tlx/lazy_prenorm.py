@@ -240,7 +240,8 @@ class TilingConfig(TilingConfigBase):
             ``_producer_with_stats``). The producer's registers are what the consumers leave (TLX gives it
             about ``512 - NUM_CONSUMERS * CONSUMER_REGS - 8`` per thread; it needs ~64, ~80 for LayerNorm, so the
             shipped configs use CONSUMER_REGS = 200). Needs REUSE_RSTD=False; exclusive with STATS_WARPGROUP.
-            Default False.
+            With CLUSTER_SIZE > 1 (Lazy RMSNorm only): the cluster form's option of that name (the producer takes
+            this CTA's 1/C share of the statistic steps; ``kernels_tlx.multi_cta``). Default False.
         STATS_REGS: ``setmaxnreg`` register count of the statistics warpgroup's threads (multiple of 8); it
             shares the 64 K register file with the consumers (CONSUMER_REGS) and the producer, so
             ``NUM_CONSUMERS * CONSUMER_REGS + STATS_REGS`` must leave the producer its minimum. Ignored unless
@@ -349,15 +350,18 @@ class TilingConfig(TilingConfigBase):
         elif self.CLUSTER_SIZE > 1:
             # (the multi_cta.TilingConfig's own checks run when cluster_config() builds it: at the first call;
             # building it here would import multi_cta, which imports this module, while the module loads)
-            if self.REUSE_RSTD or self.stats_off_consumers or self.A_FROM_REGS or not self.LN_EPILOGUE_MMA:
-                set_ = [f"{k}=True" for k in ("REUSE_RSTD", "STATS_WARPGROUP", "STATS_IN_PRODUCER", "A_FROM_REGS")
+            if self.REUSE_RSTD or self.STATS_WARPGROUP or self.A_FROM_REGS or not self.LN_EPILOGUE_MMA:
+                set_ = [f"{k}=True" for k in ("REUSE_RSTD", "STATS_WARPGROUP", "A_FROM_REGS")
                         if getattr(self, k)] + ([] if self.LN_EPILOGUE_MMA else ["LN_EPILOGUE_MMA=False"])
                 errors.append(f"{', '.join(set_)}: CLUSTER_SIZE > 1 (the cluster form) takes no REUSE_RSTD, "
-                              "STATS_WARPGROUP, STATS_IN_PRODUCER, A_FROM_REGS or LN_EPILOGUE_MMA=False: its statistic "
-                              "is split across the cluster instead")
-            if self.STATS_UNPACK_ASM and not self.STATS_ELEMENTWISE:
-                errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise "
-                              "statistic's terms)")
+                              "STATS_WARPGROUP, A_FROM_REGS or LN_EPILOGUE_MMA=False: its statistic is split across "
+                              "the cluster instead (STATS_IN_PRODUCER: the cluster form's own option)")
+            if self.STATS_UNPACK_ASM and not (self.STATS_ELEMENTWISE or self.STATS_IN_PRODUCER):
+                errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True or STATS_IN_PRODUCER=True (it "
+                              "widens the statistic's terms)")
+            if self.STATS_IN_PRODUCER and self.STATS_ELEMENTWISE:
+                errors.append("STATS_IN_PRODUCER=True with STATS_ELEMENTWISE=True: not applicable (the consumers "
+                              "take no statistic)")
             errors += ln_rank1_mma_errors(self.LN_RANK1_MMA, self.STORE_DEFER)
         elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.STATS_UNPACK_ASM or \
                 self.LN_RANK1_MMA or self.LN_SHIFT_PREFETCH or self.LN_SHIFT_SMEM or self.TILES_PER_CTA != 1:
@@ -398,7 +402,8 @@ class TilingConfig(TilingConfigBase):
             MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE, CONSUMER_REGS=self.CONSUMER_REGS,
             STORE_DEFER=self.STORE_DEFER, TILES_PER_CTA=self.TILES_PER_CTA, STATS_ELEMENTWISE=self.STATS_ELEMENTWISE,
             STATS_UNPACK_ASM=self.STATS_UNPACK_ASM, LN_RANK1_MMA=self.LN_RANK1_MMA,
-            LN_SHIFT_PREFETCH=self.LN_SHIFT_PREFETCH, LN_SHIFT_SMEM=self.LN_SHIFT_SMEM)
+            LN_SHIFT_PREFETCH=self.LN_SHIFT_PREFETCH, LN_SHIFT_SMEM=self.LN_SHIFT_SMEM,
+            STATS_IN_PRODUCER=self.STATS_IN_PRODUCER)
 
     def supports(self, N: int) -> bool:
         """False only for the cluster form at an N its cluster does not exactly cover."""
@@ -501,6 +506,14 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
                                               STATS_UNPACK_ASM=True),
     "cluster_c2_t2_elem_asm": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, STATS_ELEMENTWISE=True,
                                            STATS_UNPACK_ASM=True),
+    # the statistic in the producer warpgroup, off the wgmma warps (TilingConfig.STATS_IN_PRODUCER; CONSUMER_REGS
+    # 208 leaves the producer about 96 registers)
+    "cluster_c2_defer_prod_asm": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_IN_PRODUCER=True,
+                                              STATS_UNPACK_ASM=True, CONSUMER_REGS=208),
+    "cluster_c4_defer_prod_asm": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_IN_PRODUCER=True,
+                                              STATS_UNPACK_ASM=True, CONSUMER_REGS=208),
+    "cluster_c2_t2_prod_asm": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, STATS_IN_PRODUCER=True,
+                                           STATS_UNPACK_ASM=True, CONSUMER_REGS=208),
 }
 # LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
 # with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the

@@ -183,6 +183,15 @@ against -24 to -338 % for the 3-stage kernel without it).
 **LN_SHIFT_PREFETCH** loads the next M-tile's per-row shift ``A[:, 0]`` at the end of this tile's K loop instead of
 at its start: measured slower where resolved (1.8 points for c2 at (1024, 512), 8.4 for c4 at (512, 1024); within
 noise in the other cells), kept opt-in as the record of that result.
+**STATS_IN_PRODUCER** (``TilingConfig.STATS_IN_PRODUCER``; Lazy RMSNorm). On Hopper the wgmma accumulators live in
+the consumer warps' registers, and the statistic's loads, widening and FMAs share those warps' instruction stream
+(Blackwell's tcgen05 keeps the accumulator in tensor memory instead). With the option the producer warpgroup, whose
+four warps otherwise only issue TMA loads (one thread does), reads this CTA's statistic steps of both consumers'
+A slices from the ring, ``NUM_STAGES - 1`` steps behind its loads (``_producer_with_sumsq``: row sums, no
+elementwise tile, with the registers the consumers leave), and hands each M-tile's partials to the consumers
+through ``ss_bufs`` (two sets, ``ss_full`` / ``ss_empty``), where the exchange below completes them. The in-loop
+kernel's form of the idea (``kernels_tlx.lazy_prenorm``, STATS_IN_PRODUCER) took the statistic of every K step
+and was 1.22-1.60x its GEMM; here each CTA takes 1/C of them.
 **LN_SHIFT_SMEM** reads the shift ``A[:, 0]`` from the tile's first A slice in shared memory, at the first K step
 and after that step's wgmma is issued, instead of from global memory before the K loop. The profile of the c4 kernel
 with LN_RANK1_MMA at (K, N) = (512, 1024) put about 4 % of the consumer warps' samples on the shift's global load
@@ -359,7 +368,7 @@ class TilingConfig(TilingConfigBase):
             association order (results differ by rounding only). ``matmul_cluster`` runs the same GEMM without it;
             ``matmul_rmsnorm`` / ``matmul_layernorm`` raise ValueError. See "STATS_ELEMENTWISE" in the module
             docstring.
-        STATS_UNPACK_ASM: with STATS_ELEMENTWISE, bf16 inputs: the statistic widens each packed bf16 pair of the A
+        STATS_UNPACK_ASM: with STATS_ELEMENTWISE or STATS_IN_PRODUCER, bf16 inputs: the statistic widens each packed bf16 pair of the A
             slice to fp32 with two integer instructions (inline PTX ``shl.b32`` / ``and.b32``: exact) instead of the
             compiler's three (PRMT + 2 IMAD.U32, counted by Nsight Compute). fp16 inputs keep the ordinary
             conversion; ``matmul_cluster`` ignores it. See "STATS_ELEMENTWISE" in the module docstring.
@@ -379,6 +388,14 @@ class TilingConfig(TilingConfigBase):
             instead of at the start of the tile, before its first statistic step. The same values. Measured slower on
             the H200 (README, "LN_RANK1_MMA"): a negative result, kept opt-in. Needs CLUSTER_SIZE > 1.
             ``matmul_cluster`` ignores it; the other ops raise ValueError when called.
+        STATS_IN_PRODUCER: Lazy Pre-Norm RMSNorm only (``lazy_rmsnorm_matmul``): the producer warpgroup, whose warps
+            otherwise only issue the TMA loads, takes this CTA's share of the per-row sum a^2 from the ring (a lagged
+            flat loop, ``_producer_with_sumsq``) and hands each M-tile's partials to the consumers through
+            double-buffered shared memory; the consumers run the plain GEMM loop. The same fp32 terms summed in
+            another order. Needs CLUSTER_SIZE > 1 and NUM_CONSUMERS = 2; excludes STATS_ELEMENTWISE, MULTICAST_A,
+            PINGPONG, EPILOGUE_OVERLAP, STORE_DIRECT. The producer gets the registers the consumers leave
+            (``65536 / 128 - NUM_CONSUMERS * CONSUMER_REGS``: 80 at CONSUMER_REGS = 216). ``matmul_cluster`` ignores
+            it; the other ops raise ValueError when called. See "STATS_IN_PRODUCER" in the module docstring.
         LN_SHIFT_SMEM: Lazy Pre-Norm LayerNorm only: each consumer reads its rows' shift ``A[:, 0]`` from the M-tile's
             first A slice in shared memory, at the first K step after its wgmma is issued, instead of loading it from
             global memory before the K loop. The same values, so the same results. Needs CLUSTER_SIZE > 1; excludes
@@ -409,6 +426,7 @@ class TilingConfig(TilingConfigBase):
     LN_RANK1_MMA: bool = False
     LN_SHIFT_PREFETCH: bool = False
     LN_SHIFT_SMEM: bool = False
+    STATS_IN_PRODUCER: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -464,9 +482,17 @@ class TilingConfig(TilingConfigBase):
                 "EPILOGUE_SUBTILE": "not implemented (no staging tile to split)",
                 "STORE_DEFER": "not applicable (there is no staging buffer to defer)",
                 "EPILOGUE_OVERLAP": "not implemented (the deferred epilogue stores its parked tiles by TMA)"})
-        if self.STATS_UNPACK_ASM and not self.STATS_ELEMENTWISE:
-            errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True (it widens the elementwise statistic's "
-                          "terms)")
+        if self.STATS_UNPACK_ASM and not (self.STATS_ELEMENTWISE or self.STATS_IN_PRODUCER):
+            errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True or STATS_IN_PRODUCER=True (it widens "
+                          "the statistic's terms)")
+        if self.STATS_IN_PRODUCER:
+            errors += self._conflicts("STATS_IN_PRODUCER", {
+                "STATS_ELEMENTWISE": "not applicable (the consumers take no statistic)",
+                "MULTICAST_A": "not implemented", "PINGPONG": "not implemented (Lazy Pre-Norm is cooperative)",
+                "EPILOGUE_OVERLAP": "not implemented", "STORE_DIRECT": "not implemented"})
+            if self.CLUSTER_SIZE == 1 or self.NUM_CONSUMERS != 2:
+                errors.append("STATS_IN_PRODUCER=True needs CLUSTER_SIZE > 1 and NUM_CONSUMERS = 2 (an option of "
+                              "Lazy RMSNorm's cluster form; the producer reads both consumers' A slices)")
         errors += _lp.ln_rank1_mma_errors(self.LN_RANK1_MMA, self.STORE_DEFER)
         for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH", "LN_SHIFT_SMEM"):
             if getattr(self, flag) and self.CLUSTER_SIZE == 1:
@@ -523,6 +549,9 @@ class TilingConfig(TilingConfigBase):
         if self.LN_RANK1_MMA and nstat == 2:  # the [16, block_n] B operand of the rank-1 wgmma and its mbarrier
             epilogue += 16 * block_n * itemsize
             bars += 8
+        if self.STATS_IN_PRODUCER and nstat == 1:  # the producer's partials (2 sets x consumers x 64 fp32), 4 barriers
+            slots += 2 * self.NUM_CONSUMERS * self.rows_per_consumer * 4
+            bars += 32
         return ring + epilogue + slots + bars + 1024
 
     def _n_independent_fit(self, bn: int) -> list[str]:
@@ -737,6 +766,62 @@ def _lazy_sumsq_step(ss, a_tile, SS_2D: tl.constexpr, UNPACK_ASM: tl.constexpr):
     else:
         ss += tl.sum(x * x, axis=1)
     return ss
+
+
+@triton.jit
+def _producer_with_sumsq(a_desc, b_desc, a_bufs, b_bufs, full_bars, empty_bars, ss_bufs, ss_full, ss_empty, M,
+                         cluster_id, num_clusters, num_pid_m, k_tiles, rank, off_n, C: tl.constexpr,
+                         TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         BM_C: tl.constexpr, NUM_STAGES: tl.constexpr, STAGE_BYTES: tl.constexpr,
+                         UNPACK_ASM: tl.constexpr):
+    """STATS_IN_PRODUCER ("lazy_rms", two consumers): the producer warpgroup's loop, TMA loads *and* this CTA's
+    share of the per-row sum a^2 (the consumers then run the plain GEMM loop).
+
+    One flat loop over this CTA's ring steps ``j`` (M-tiles ``cluster_id, cluster_id + num_clusters, ...`` times
+    ``k_tiles * TILES`` steps: the consumers' sequence) plus ``LAG = NUM_STAGES - 1`` drain iterations. Iteration
+    ``j`` issues the loads of step ``j`` as the plain producer does, then handles step ``js = j - LAG``: if it is one
+    of this CTA's statistic steps (``ki % (C * TILES) == rank * TILES + tile``, as the consumers' own), wait for its
+    slot, add the row sums of a^2 of both consumers' A slices; in any case release the slot (``empty`` counts
+    NUM_CONSUMERS + 1). Deadlock-free as ``kernels_tlx.lazy_prenorm``'s in-loop producer: slot reuse at step ``j``
+    needs the release of step ``j - NUM_STAGES``, done at iteration ``j - 1``. After an M-tile's last step its
+    partials go to set ``t % 2`` of ``ss_bufs`` (after ``ss_empty``: the consumers have read set ``t - 2``) and
+    ``ss_full[t % 2]`` is arrived on."""
+    LAG: tl.constexpr = NUM_STAGES - 1
+    KT = k_tiles * TILES
+    total = tl.cdiv(num_pid_m - cluster_id, num_clusters) * KT
+    ss0 = tl.zeros([BM_C], dtype=tl.float32)
+    ss1 = tl.zeros([BM_C], dtype=tl.float32)
+    for j in range(0, total + LAG):
+        if j < total:  # the loads of step j (the plain producer's)
+            tj = j // KT
+            kt = j - tj * KT
+            off_m = (cluster_id + tj * num_clusters) * BLOCK_M
+            ki = kt % k_tiles
+            s = j % NUM_STAGES
+            tlx.barrier_wait(empty_bars[s], ((j // NUM_STAGES) & 1) ^ 1)  # first use of a slot passes at once
+            tlx.barrier_expect_bytes(full_bars[s], STAGE_BYTES)
+            for c in tl.static_range(2):
+                a_row = tl.minimum(off_m + c * BM_C, M - 1)  # clamped, as the plain producer
+                tlx.async_descriptor_load(a_desc, a_bufs[c * NUM_STAGES + s], [a_row, ki * BLOCK_K], full_bars[s])
+            tlx.async_descriptor_load(b_desc, b_bufs[s], [ki * BLOCK_K, off_n + (kt // k_tiles) * BLOCK_N],
+                                      full_bars[s])
+        js = j - LAG
+        if js >= 0:  # the statistic of step js (TMA zero-fills the K tail: adds 0)
+            ts = js // KT
+            kts = js - ts * KT
+            ss_s = js % NUM_STAGES
+            if (kts % k_tiles) % (C * TILES) == rank * TILES + kts // k_tiles:
+                tlx.barrier_wait(full_bars[ss_s], (js // NUM_STAGES) & 1)
+                ss0 = _lazy_sumsq_step(ss0, a_bufs[ss_s], False, UNPACK_ASM)
+                ss1 = _lazy_sumsq_step(ss1, a_bufs[NUM_STAGES + ss_s], False, UNPACK_ASM)
+            tlx.barrier_arrive(empty_bars[ss_s])
+            if kts == KT - 1:  # the M-tile's partials are complete: hand them to the consumers
+                tlx.barrier_wait(ss_empty[ts % 2], ((ts // 2) & 1) ^ 1)  # the first two tiles pass at once
+                tlx.local_store(ss_bufs[ts % 2], ss0)
+                tlx.local_store(ss_bufs[2 + ts % 2], ss1)
+                tlx.barrier_arrive(ss_full[ts % 2])
+                ss0 = tl.zeros([BM_C], dtype=tl.float32)
+                ss1 = tl.zeros([BM_C], dtype=tl.float32)
 
 
 @triton.jit
@@ -993,6 +1078,7 @@ def _multi_cta_norm_kernel(
     LN_MMA: tl.constexpr = False,  # TilingConfig.LN_RANK1_MMA ("lazy_layer")
     SHIFT_PF: tl.constexpr = False,  # TilingConfig.LN_SHIFT_PREFETCH ("lazy_layer")
     SHIFT_SMEM: tl.constexpr = False,  # TilingConfig.LN_SHIFT_SMEM ("lazy_layer")
+    SS_PROD: tl.constexpr = False,  # TilingConfig.STATS_IN_PRODUCER ("lazy_rms")
 ):
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
@@ -1016,7 +1102,7 @@ def _multi_cta_norm_kernel(
     EXCHANGE: tl.constexpr = C > 1 and NORM != "none"
     PACKED: tl.constexpr = LN_PACKED and NORM == "layer"  # one int64 (sum, M2) word per row and peer
     RECV_BYTES: tl.constexpr = NSTAT * BM_C * 4 * (C - 1)  # bytes the C - 1 peers push per exchange
-    EMPTY_ARRIVALS: tl.constexpr = NUM_CONSUMERS * C if MULTICAST_A else (1 if PINGPONG else NUM_CONSUMERS)
+    EMPTY_ARRIVALS: tl.constexpr = NUM_CONSUMERS * C if MULTICAST_A else (1 if PINGPONG else NUM_CONSUMERS + SS_PROD)
 
     # Ring: consumer c's A box of slot s is a_bufs[c * NUM_STAGES + s]; B of slot s is b_bufs[s]. PINGPONG: slot s
     # holds one A box, a_bufs[s], for the consumer whose turn it is.
@@ -1038,6 +1124,14 @@ def _multi_cta_norm_kernel(
     elif STORE_DEFER or TILES > 1:
         # output staging; TILES == 2: also the parked first tile (module docstring, "TILES_PER_CTA")
         out_bufs = tlx.local_alloc((BM_C, BLOCK_N), tlx.dtype_of(c_desc), NUM_CONSUMERS)
+    if SS_PROD:
+        # STATS_IN_PRODUCER: the producer's per-row partial sum a^2 of M-tile t, consumer c's rows, in
+        # ss_bufs[2 * c + t % 2]; ss_full[t % 2] (1 arrival: the producer) / ss_empty[t % 2] (NUM_CONSUMERS)
+        tl.static_assert(LAZY and NUM_CONSUMERS == 2 and not MULTICAST_A and not PINGPONG and not OVERLAP,
+                         "STATS_IN_PRODUCER: Lazy RMSNorm, two consumers, no MULTICAST_A / PINGPONG / OVERLAP")
+        ss_bufs = tlx.local_alloc((BM_C, ), tl.float32, 2 * NUM_CONSUMERS)
+        ss_full = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+        ss_empty = tlx.alloc_barriers(num_barriers=2, arrive_count=NUM_CONSUMERS)
     if LAZY_LN and LN_MMA:
         # the rank-1 wgmma's B operand (this rank's split colsum / beta_b: the same for every M-tile), written once
         # by consumer 0, which then arrives on bext_bar
@@ -1086,7 +1180,7 @@ def _multi_cta_norm_kernel(
                             tlx.async_descriptor_load(a_desc, a_bufs[s], [a_row, ki * BLOCK_K], full_bars[s])
                             tlx.async_descriptor_load(b_desc, b_bufs[s], [ki * BLOCK_K, off_n], full_bars[s])
                             it += 1
-                else:
+                elif not SS_PROD:
                     for kt in range(0, k_tiles * TILES):  # TILES == 2: this CTA's first column tile, then its second
                         if TILES > 1:
                             ki = kt % k_tiles
@@ -1125,6 +1219,10 @@ def _multi_cta_norm_kernel(
                                                           full_bars[s])
                         tlx.async_descriptor_load(b_desc, b_bufs[s], [off_k, off_nb], full_bars[s])
                         it += 1
+            if SS_PROD:
+                _producer_with_sumsq(a_desc, b_desc, a_bufs, b_bufs, full_bars, empty_bars, ss_bufs, ss_full,
+                                     ss_empty, M, cluster_id, num_clusters, num_pid_m, k_tiles, rank, off_n, C, TILES,
+                                     BLOCK_M, BLOCK_N, BLOCK_K, BM_C, NUM_STAGES, STAGE_BYTES, UNPACK_ASM)
             if C > 1:
                 tlx.cluster_barrier()  # exit rendezvous (module docstring)
 
@@ -1194,7 +1292,7 @@ def _multi_cta_norm_kernel(
                         s = it % NUM_STAGES
                         tlx.barrier_wait(full_bars[s], (it // NUM_STAGES) & 1)
                         acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
-                        if LAZY:
+                        if LAZY and not SS_PROD:
                             if ki % (C * TILES) == rank * TILES:
                                 ss = _lazy_sumsq_step(ss, a_bufs[cid * NUM_STAGES + s], SS_2D, UNPACK_ASM)
                         acc = tlx.async_dot_wait(1, acc)
@@ -1275,7 +1373,7 @@ def _multi_cta_norm_kernel(
                         acc = tlx.async_dot(a_bufs[s], b_bufs[s], acc)
                     else:
                         acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
-                    if LAZY:
+                    if LAZY and not SS_PROD:
                         # while the wgmma is in flight; TMA zero-fills the K tail (adds 0). TILES == 2: the second
                         # tile's share (see the first tile's loop)
                         if ki % (C * TILES) == rank * TILES + (TILES - 1):
@@ -1382,7 +1480,11 @@ def _multi_cta_norm_kernel(
                             if TILES > 1:
                                 p0 += f0
                         elif LAZY:
-                            if SS_2D:
+                            if SS_PROD:  # the producer's partial of these rows (module docstring, STATS_IN_PRODUCER)
+                                tlx.barrier_wait(ss_full[t % 2], (t // 2) & 1)
+                                p0 = tlx.local_load(ss_bufs[2 * cid + t % 2])
+                                tlx.barrier_arrive(ss_empty[t % 2])
+                            elif SS_2D:
                                 p0 = tl.sum(ss, axis=1)
                             else:
                                 p0 = ss
@@ -1652,6 +1754,10 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         op = next(op for op, n in _NORM_OF_OP.items() if n == norm)
         raise ValueError(f"STATS_ELEMENTWISE=True applies to Lazy Pre-Norm only (lazy_rmsnorm_matmul, "
                          f"lazy_layernorm_matmul), got {op}: use a config without it")
+    if cfg.STATS_IN_PRODUCER and norm not in ("lazy_rms", "none"):  # (matmul_cluster: the GEMM without it)
+        op = next(op for op, n in _NORM_OF_OP.items() if n == norm)
+        raise ValueError(f"STATS_IN_PRODUCER=True applies to lazy_rmsnorm_matmul only (Lazy Pre-Norm RMSNorm), got "
+                         f"{op}: use a config without it")
     for flag in ("LN_RANK1_MMA", "LN_SHIFT_PREFETCH", "LN_SHIFT_SMEM"):
         if getattr(cfg, flag) and norm not in ("lazy_layer", "none"):  # (matmul_cluster: the GEMM without it)
             op = next(op for op, n in _NORM_OF_OP.items() if n == norm)
@@ -1706,6 +1812,10 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         kwargs.update(DIRECT=True, c_ptr=y)
     if cfg.STATS_ELEMENTWISE and norm in ("lazy_rms", "lazy_layer"):
         kwargs["SS_2D"] = True
+        if cfg.STATS_UNPACK_ASM and a.dtype == torch.bfloat16:
+            kwargs["UNPACK_ASM"] = True
+    if cfg.STATS_IN_PRODUCER and norm == "lazy_rms":
+        kwargs["SS_PROD"] = True
         if cfg.STATS_UNPACK_ASM and a.dtype == torch.bfloat16:
             kwargs["UNPACK_ASM"] = True
     if norm == "lazy_layer":  # colsum / beta_b in the (unused: HAS_W = HAS_B = False) weight / bias slots

@@ -101,6 +101,11 @@ TARGETS = {
     "lazyln_c4mmapf_K512": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml",
                                   "ln-cluster-c4-defer-elem-asm-mma-pf-128x256x64-s3", "fused", "layernorm", 262144,
                                   1024, 512),
+    # Lazy RMSNorm with the statistic in the producer warpgroup (STATS_IN_PRODUCER), c2 at (2048, 512)
+    "lazy_c2prod_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-defer-prod-asm-128x256x64-s3",
+                                "fused", "rmsnorm", 262144, 512, 2048),
+    "lazy_c2asm_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-defer-elem-asm-128x256x64-s3",
+                               "fused", "rmsnorm", 262144, 512, 2048),
     # ... or the shift read from the first A slice in shared memory (LN_SHIFT_SMEM)
     "lazyln_c4mmass_K512": Target("lazy_prenorm", "lazy_prenorm_ln_h200.yaml",
                                   "ln-cluster-c4-defer-elem-asm-mma-smemshift-128x256x64-s3", "fused", "layernorm",

@@ -135,8 +135,10 @@ def test_compile_every_shipped_cluster_config(compiled):
         nstat = 2 if op == LN_OP else 1
         # DSMEM exchange: the statistic lives in the A-slice load's row layout (4 rows per thread, vs 2 in the
         # accumulator's for matmul_rmsnorm): st.async sites = consumers x static peers x 4 x statistics, each
-        # predicated to one owner thread; the receive barrier expects exactly the C - 1 peers' bytes
-        assert ex["st_async"] == cfg.NUM_CONSUMERS * C * 4 * nstat, (key, ex)
+        # predicated to one owner thread (STATS_IN_PRODUCER: 1 row per thread, as loaded from the hand-off buffer);
+        # the receive barrier expects exactly the C - 1 peers' bytes
+        rows = 1 if cfg.STATS_IN_PRODUCER else 4
+        assert ex["st_async"] == cfg.NUM_CONSUMERS * C * rows * nstat, (key, ex)
         assert mk["mapa"] >= ex["st_async"], (key, mk)
         assert nstat * cfg.rows_per_consumer * 4 * (C - 1) in r["expect_tx_bytes"], (key, r["expect_tx_bytes"])
         if op == LN_OP:
@@ -201,7 +203,8 @@ def test_supports_ranges(C, lo, hi):
     ({"CLUSTER_SIZE": 16}, "CLUSTER_SIZE=16"),
     ({"CLUSTER_SIZE": 2, "REUSE_RSTD": True}, "cluster form"),
     ({"CLUSTER_SIZE": 2, "A_FROM_REGS": True}, "cluster form"),
-    ({"CLUSTER_SIZE": 2, "STATS_IN_PRODUCER": True, "CONSUMER_REGS": 200}, "cluster form"),
+    ({"CLUSTER_SIZE": 2, "STATS_WARPGROUP": True, "BLOCK_N": 128, "CONSUMER_REGS": 192}, "cluster form"),
+    ({"CLUSTER_SIZE": 2, "STATS_IN_PRODUCER": True, "STATS_ELEMENTWISE": True}, "not applicable"),
     ({"CLUSTER_SIZE": 4, "LN_EPILOGUE_MMA": False}, "cluster form"),
     ({"STORE_DEFER": True}, "need CLUSTER_SIZE > 1"),
     ({"MULTICAST_A": True}, "need CLUSTER_SIZE > 1"),
