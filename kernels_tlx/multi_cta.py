@@ -250,6 +250,7 @@ import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+from triton.language.extra.cuda import gdc_launch_dependents
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels_tlx import lazy_prenorm as _lp
@@ -1079,7 +1080,10 @@ def _multi_cta_norm_kernel(
     SHIFT_PF: tl.constexpr = False,  # TilingConfig.LN_SHIFT_PREFETCH ("lazy_layer")
     SHIFT_SMEM: tl.constexpr = False,  # TilingConfig.LN_SHIFT_SMEM ("lazy_layer")
     SS_PROD: tl.constexpr = False,  # TilingConfig.STATS_IN_PRODUCER ("lazy_rms")
+    PDL_TRIGGER: tl.constexpr = False,  # lets a programmatic dependent grid start at once (the idle-SM filler)
 ):
+    if PDL_TRIGGER:  # every CTA at its start: once all are resident, the dependent grid may take the idle SMs
+        gdc_launch_dependents()
     C: tl.constexpr = CLUSTER_SIZE
     W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup (64)
