@@ -281,6 +281,15 @@ class TilingConfig(TilingConfigBase):
             per-row shift loaded during this tile's epilogue; measured slower). Needs CLUSTER_SIZE > 1.
         LN_SHIFT_SMEM: the cluster form's option of that name (``lazy_layernorm_matmul``: the per-row shift read
             from the M-tile's first A slice in shared memory, not loaded from global memory). Needs CLUSTER_SIZE > 1.
+        FILL_IDLE_SMS: the fused ops of the cluster form: put the SMs its persistent grid leaves idle to work (on
+            the H200 30 clusters of 4 or 15 of 8 are co-resident: 120 of 132 SMs). The last rows (a multiple of
+            BLOCK_M) go to this module's one-CTA-per-tile kernel with REUSE_RSTD (``reuse_rstd`` /
+            ``ln_reuse_rstd_subtile``), launched on the idle SMs' count of CTAs as a programmatic dependent grid of
+            the cluster kernel, which lets it start once all its own CTAs are resident (``_run_filled``). The rows
+            split in proportion to SMs x per-SM rate (FILL_RATE_PCT). Needs CLUSTER_SIZE > 1 and PERSISTENT;
+            ``matmul`` runs the cluster GEMM without it. No idle SM or too few rows: the cluster kernel alone.
+        FILL_RATE_PCT: with FILL_IDLE_SMS, the filler's throughput per SM in % of the cluster kernel's (the row
+            split): 100 gives the idle SMs their SM-count share of the rows. Default 100.
 
     Construction validates every constraint and raises ValueError naming it (see ``from_dict``).
     """
@@ -309,6 +318,8 @@ class TilingConfig(TilingConfigBase):
     LN_RANK1_MMA: bool = False
     LN_SHIFT_PREFETCH: bool = False
     LN_SHIFT_SMEM: bool = False
+    FILL_IDLE_SMS: bool = False
+    FILL_RATE_PCT: int = 100
 
     def __post_init__(self):
         errors = self.field_type_errors()
@@ -374,6 +385,11 @@ class TilingConfig(TilingConfigBase):
                           "form: they need CLUSTER_SIZE > 1")
         if self.LN_SHIFT_SMEM and self.LN_SHIFT_PREFETCH:
             errors.append("LN_SHIFT_SMEM and LN_SHIFT_PREFETCH are exclusive (where the shift comes from)")
+        if self.FILL_IDLE_SMS and (self.CLUSTER_SIZE == 1 or not self.PERSISTENT):
+            errors.append("FILL_IDLE_SMS=True needs CLUSTER_SIZE > 1 and PERSISTENT=True (it fills the SMs the "
+                          "persistent cluster grid leaves idle)")
+        if isinstance(self.FILL_RATE_PCT, int) and not 1 <= self.FILL_RATE_PCT <= 400:
+            errors.append(f"FILL_RATE_PCT={self.FILL_RATE_PCT} must be in 1 .. 400 (a per-SM rate in %)")
         if self.CLUSTER_SIZE > 1:  # (multi_cta's TilingConfig runs the same check, but is built only at the first call)
             errors += tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, MULTICAST_A=self.MULTICAST_A,
                                            STORE_DEFER=self.STORE_DEFER, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE)
@@ -514,6 +530,13 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
                                               STATS_UNPACK_ASM=True, CONSUMER_REGS=208),
     "cluster_c2_t2_prod_asm": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, STATS_IN_PRODUCER=True,
                                            STATS_UNPACK_ASM=True, CONSUMER_REGS=208),
+    # the SMs the c4 / c8 grid leaves idle (12 on the H200) run the last rows (TilingConfig.FILL_IDLE_SMS), split by
+    # SM count (FILL_RATE_PCT 100) or with the filler at 80 % of a cluster SM's rate
+    "cluster_c4_defer_elem_fill": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                               FILL_IDLE_SMS=True),
+    "cluster_c4_defer_elem_fill80": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                 FILL_IDLE_SMS=True, FILL_RATE_PCT=80),
+    "cluster_c8_defer_fill": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True, FILL_IDLE_SMS=True),
 }
 # LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
 # with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the
@@ -562,6 +585,13 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     "ln_cluster_c4_defer_elem_asm_mma_pf": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
                                                         STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
                                                         LN_SHIFT_PREFETCH=True),
+    # ... with the idle SMs of the c4 grid filled (TilingConfig.FILL_IDLE_SMS)
+    "ln_cluster_c4_defer_elem_asm_mma_fill": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                          STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
+                                                          FILL_IDLE_SMS=True),
+    "ln_cluster_c4_defer_elem_asm_mma_fill80": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                            STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
+                                                            FILL_IDLE_SMS=True, FILL_RATE_PCT=80),
     # ... or the shift read from the first A slice in shared memory (TilingConfig.LN_SHIFT_SMEM)
     "ln_cluster_c2_defer_elem_asm_mma_smemshift": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True,
                                                                STATS_ELEMENTWISE=True, STATS_UNPACK_ASM=True,
@@ -1233,6 +1263,8 @@ def _run(a, b, eps, fuse: bool, config, ln_vectors=None) -> torch.Tensor:
     if cfg.CLUSTER_SIZE > 1:  # the cluster form: kernels_tlx.multi_cta's kernel (TilingConfig.CLUSTER_SIZE)
         from kernels_tlx import multi_cta
 
+        if fuse and cfg.FILL_IDLE_SMS:
+            return _run_filled(a, b, eps, cfg, ln_vectors)
         if ln_vectors is not None:  # (validated there: the fp32 vectors, and shared memory by block_n)
             return multi_cta.lazy_layernorm_matmul(a, b, *ln_vectors, eps=eps, config=cfg.cluster_config())
         if fuse:
@@ -1246,6 +1278,56 @@ def _run(a, b, eps, fuse: bool, config, ln_vectors=None) -> torch.Tensor:
     args, grid, kwargs = _launch_args(a, b, c, eps, fuse, cfg, _num_sms(a.device), ln_vectors)
     _lazy_prenorm_ws_kernel[grid](*args, **kwargs)
     return c
+
+
+def fill_rows(M: int, busy_sms: int, idle_sms: int, rate_pct: int, block_m: int) -> int:
+    """FILL_IDLE_SMS: the rows for the idle-SM filler, ``M * idle * rate / (busy + idle * rate)`` rounded down to a
+    multiple of ``block_m`` (0 without idle SMs)."""
+    if idle_sms <= 0 or busy_sms <= 0:
+        return 0
+    share = idle_sms * rate_pct / (busy_sms * 100 + idle_sms * rate_pct)
+    return int(M * share) // block_m * block_m
+
+
+def _run_filled(a, b, eps, cfg: TilingConfig, ln_vectors):
+    """FILL_IDLE_SMS (``TilingConfig``): the cluster kernel on the first rows, with ``griddepcontrol.
+    launch_dependents`` at its start (``PDL_TRIGGER``), and the REUSE_RSTD one-CTA-per-tile kernel on the last
+    ``fill_rows`` rows as its programmatic dependent grid (``launch_pdl``: it starts once every cluster CTA is
+    resident, so it takes the SMs the clusters leave, and needs none of their output), on as many CTAs as SMs are
+    idle; both write row blocks of one output. Same validation and errors as the cluster kernel alone."""
+    from kernels_tlx import multi_cta as km
+
+    mcfg = cfg.cluster_config()
+    norm = "lazy_layer" if ln_vectors is not None else "lazy_rms"
+    if ln_vectors is not None:
+        check_forward_only("lazy_prenorm.lazy_layernorm_matmul", a=a, b_folded=b, colsum=ln_vectors[0],
+                           beta_b=ln_vectors[1])
+        km._validate_lazy_ln(a, b, *ln_vectors, eps)
+    else:
+        check_forward_only("lazy_prenorm.lazy_rmsnorm_matmul", a=a, b_folded=b)
+    # the whole op validated and prepared as without the option (errors as there; its y is the output); the
+    # occupancy from its build
+    (M, N, K), _, (y, _, _), args, kwargs = km._prepare(a, b, None, None, eps, norm, mcfg, need_cuda=True,
+                                                        ln_vectors=ln_vectors)
+    kwargs["PDL_TRIGGER"] = True
+    ck = km._multi_cta_norm_kernel.warmup(*args, grid=(mcfg.CLUSTER_SIZE, ), **kwargs)
+    avail = km._max_active_clusters(ck, mcfg.CLUSTER_SIZE, a.device) or 0
+    busy = avail * mcfg.CLUSTER_SIZE
+    m_fill = fill_rows(M, busy, _num_sms(a.device) - busy, cfg.FILL_RATE_PCT, cfg.BLOCK_M)
+    m_c = M - m_fill
+    if m_fill > 0:
+        (m_c, _, _), _, _, args, kwargs = km._prepare(a[:m_c], b, None, None, eps, norm, mcfg, need_cuda=True,
+                                                      ln_vectors=ln_vectors, out=y[:m_c])
+        kwargs["PDL_TRIGGER"] = True
+    with torch.cuda.device(a.device):
+        km._multi_cta_norm_kernel[km._grid(mcfg, m_c, avail)](*args, **kwargs)
+        if m_fill > 0:
+            fill_cfg = SHIPPED_LN_CONFIGS["ln_reuse_rstd_subtile"] if ln_vectors is not None else \
+                SHIPPED_CONFIGS["reuse_rstd"]
+            f_args, f_grid, f_kwargs = _launch_args(a[m_c:], b, y[m_c:], eps, True, fill_cfg,
+                                                    _num_sms(a.device) - busy, ln_vectors)
+            _lazy_prenorm_ws_kernel[f_grid](*f_args, launch_pdl=True, **f_kwargs)
+    return y
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, config=None) -> torch.Tensor:

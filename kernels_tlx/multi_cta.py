@@ -1742,10 +1742,12 @@ def _validate(a, b, weight, bias, eps, norm: str, *, need_cuda: bool) -> tuple[i
     return M, N, K
 
 
-def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda: bool, ln_vectors=None):
+def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda: bool, ln_vectors=None, out=None):
     """Validate, allocate the outputs and build the descriptors and launch arguments (grid not final: the
     persistent cluster count needs the compiled kernel, ``_grid``). ``ln_vectors``: ``(colsum, beta_b)`` of the
-    "lazy_layer" norm (validated by the caller; None allocates empty ones: compile-only and occupancy queries)."""
+    "lazy_layer" norm (validated by the caller; None allocates empty ones: compile-only and occupancy queries).
+    ``out``: an ``[M, N]`` row-major tensor of a's dtype to write y into (a row block of a larger output: the
+    idle-SM filler of ``kernels_tlx.lazy_prenorm``), else a new one."""
     if norm in ("lazy_rms", "lazy_layer") and cfg.EPILOGUE_OVERLAP:  # (first: it also implies LN_PACKED)
         raise ValueError(f"Lazy Pre-Norm ({norm}): EPILOGUE_OVERLAP=True is not supported (the deferred epilogue "
                          "takes the output's statistics): use a config without it")
@@ -1778,7 +1780,10 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
     C = cfg.CLUSTER_SIZE
     bm_c = cfg.rows_per_consumer
-    y = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if out is not None and (out.shape != (M, N) or out.dtype != a.dtype or out.stride() != (N, 1)):
+        raise ValueError(f"out must be a row-major [{M}, {N}] {a.dtype} tensor, got {tuple(out.shape)} {out.dtype} "
+                         f"with strides {out.stride()}")
+    y = out if out is not None else torch.empty((M, N), dtype=a.dtype, device=a.device)
     rstd = torch.empty(M, dtype=torch.float32, device=a.device) if norm != "none" else y
     has_mean = norm in ("layer", "lazy_layer")
     mean = torch.empty(M, dtype=torch.float32, device=a.device) if has_mean else rstd
