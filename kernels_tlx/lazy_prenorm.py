@@ -537,6 +537,13 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "cluster_c4_defer_elem_fill80": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
                                                  FILL_IDLE_SMS=True, FILL_RATE_PCT=80),
     "cluster_c8_defer_fill": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True, FILL_IDLE_SMS=True),
+    # ... the filler's rate, swept (experiment lazy_prenorm_fill_rate)
+    "cluster_c4_defer_elem_fill70": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                 FILL_IDLE_SMS=True, FILL_RATE_PCT=70),
+    "cluster_c4_defer_elem_fill60": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                 FILL_IDLE_SMS=True, FILL_RATE_PCT=60),
+    "cluster_c8_defer_fill80": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True, FILL_IDLE_SMS=True, FILL_RATE_PCT=80),
+    "cluster_c8_defer_fill60": TilingConfig(CLUSTER_SIZE=8, STORE_DEFER=True, FILL_IDLE_SMS=True, FILL_RATE_PCT=60),
 }
 # LayerNorm (``lazy_layernorm_matmul``): the two best RMSNorm tilings on the H200 (persistent 128x256x64, 3 stages,
 # with and without REUSE_RSTD), with EPILOGUE_SUBTILE so that the extra-MMA epilogue's 20 KB fit, plus the
@@ -592,6 +599,12 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     "ln_cluster_c4_defer_elem_asm_mma_fill80": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
                                                             STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
                                                             FILL_IDLE_SMS=True, FILL_RATE_PCT=80),
+    "ln_cluster_c4_defer_elem_asm_mma_fill65": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                            STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
+                                                            FILL_IDLE_SMS=True, FILL_RATE_PCT=65),
+    "ln_cluster_c4_defer_elem_asm_mma_fill50": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                            STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
+                                                            FILL_IDLE_SMS=True, FILL_RATE_PCT=50),
     # ... or the shift read from the first A slice in shared memory (TilingConfig.LN_SHIFT_SMEM)
     "ln_cluster_c2_defer_elem_asm_mma_smemshift": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True,
                                                                STATS_ELEMENTWISE=True, STATS_UNPACK_ASM=True,

@@ -518,8 +518,8 @@ def test_ln_shipped_configs():
                                             "ln_cluster_c2_defer_elem_asm", "ln_cluster_c4_defer_elem_asm",
                                             *(f"ln_cluster_c{c}_defer_elem_asm_mma{p}" for c in (2, 4)
                                               for p in ("", "_pf", "_smemshift")),  # LN_RANK1_MMA, LN_SHIFT_*
-                                            "ln_cluster_c4_defer_elem_asm_mma_fill",  # FILL_IDLE_SMS
-                                            "ln_cluster_c4_defer_elem_asm_mma_fill80",
+                                            *(f"ln_cluster_c4_defer_elem_asm_mma_fill{r}"  # FILL_IDLE_SMS
+                                              for r in ("", "80", "65", "50")),
                                             "ln_cluster_c8_s2_defer_elem_asm_mma"}
     for name, cfg in ktlx.SHIPPED_LN_CONFIGS.items():
         assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name

@@ -31,8 +31,11 @@ from kernels_tlx import lazy_prenorm as lp  # noqa: E402
 from kernels_tlx import multi_cta as km  # noqa: E402
 from normfuse.testing import run_python_json  # noqa: E402
 
-FILL = {"cluster_c4_defer_elem_fill": 100, "cluster_c4_defer_elem_fill80": 80, "cluster_c8_defer_fill": 100}
-LN_FILL = {"ln_cluster_c4_defer_elem_asm_mma_fill": 100, "ln_cluster_c4_defer_elem_asm_mma_fill80": 80}
+FILL = {"cluster_c4_defer_elem_fill": 100, "cluster_c4_defer_elem_fill80": 80, "cluster_c4_defer_elem_fill70": 70,
+        "cluster_c4_defer_elem_fill60": 60, "cluster_c8_defer_fill": 100, "cluster_c8_defer_fill80": 80,
+        "cluster_c8_defer_fill60": 60}
+LN_FILL = {"ln_cluster_c4_defer_elem_asm_mma_fill": 100, "ln_cluster_c4_defer_elem_asm_mma_fill80": 80,
+           "ln_cluster_c4_defer_elem_asm_mma_fill65": 65, "ln_cluster_c4_defer_elem_asm_mma_fill50": 50}
 
 
 def test_fill_rows():
