@@ -605,6 +605,12 @@ SHIPPED_LN_CONFIGS: dict[str, TilingConfig] = {
     "ln_cluster_c4_defer_elem_asm_mma_fill50": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
                                                             STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
                                                             FILL_IDLE_SMS=True, FILL_RATE_PCT=50),
+    "ln_cluster_c4_defer_elem_asm_mma_fill90": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                            STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
+                                                            FILL_IDLE_SMS=True, FILL_RATE_PCT=90),
+    "ln_cluster_c4_defer_elem_asm_mma_fill85": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_ELEMENTWISE=True,
+                                                            STATS_UNPACK_ASM=True, LN_RANK1_MMA=True,
+                                                            FILL_IDLE_SMS=True, FILL_RATE_PCT=85),
     # ... or the shift read from the first A slice in shared memory (TilingConfig.LN_SHIFT_SMEM)
     "ln_cluster_c2_defer_elem_asm_mma_smemshift": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True,
                                                                STATS_ELEMENTWISE=True, STATS_UNPACK_ASM=True,

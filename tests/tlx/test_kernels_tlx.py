@@ -519,7 +519,7 @@ def test_ln_shipped_configs():
                                             *(f"ln_cluster_c{c}_defer_elem_asm_mma{p}" for c in (2, 4)
                                               for p in ("", "_pf", "_smemshift")),  # LN_RANK1_MMA, LN_SHIFT_*
                                             *(f"ln_cluster_c4_defer_elem_asm_mma_fill{r}"  # FILL_IDLE_SMS
-                                              for r in ("", "80", "65", "50")),
+                                              for r in ("", "80", "65", "50", "90", "85")),
                                             "ln_cluster_c8_s2_defer_elem_asm_mma"}
     for name, cfg in ktlx.SHIPPED_LN_CONFIGS.items():
         assert TilingConfig.from_dict(cfg.to_dict()) == cfg, name

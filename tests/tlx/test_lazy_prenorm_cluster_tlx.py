@@ -171,7 +171,7 @@ def test_shipped_cluster_ln_configs():
             "ln_cluster_c2_defer_elem_asm", "ln_cluster_c4_defer_elem_asm"}  # STATS_ELEMENTWISE (+ STATS_UNPACK_ASM)
     # + LN_RANK1_MMA (+ LN_SHIFT_PREFETCH / LN_SHIFT_SMEM)
     mma = {f"ln_cluster_c{c}_defer_elem_asm_mma{p}" for c in (2, 4) for p in ("", "_pf", "_smemshift")}
-    mma |= {f"ln_cluster_c4_defer_elem_asm_mma_fill{r}" for r in ("", "80", "65", "50")}  # + FILL_IDLE_SMS
+    mma |= {f"ln_cluster_c4_defer_elem_asm_mma_fill{r}" for r in ("", "80", "65", "50", "90", "85")}  # + FILL_IDLE_SMS
     mma.add("ln_cluster_c8_s2_defer_elem_asm_mma")  # (2 stages: the B operand does not fit c8 with 3)
     elem |= mma
     assert set(CLUSTER_LN) == base | elem

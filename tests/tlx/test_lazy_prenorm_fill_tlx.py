@@ -35,7 +35,8 @@ FILL = {"cluster_c4_defer_elem_fill": 100, "cluster_c4_defer_elem_fill80": 80, "
         "cluster_c4_defer_elem_fill60": 60, "cluster_c8_defer_fill": 100, "cluster_c8_defer_fill80": 80,
         "cluster_c8_defer_fill60": 60}
 LN_FILL = {"ln_cluster_c4_defer_elem_asm_mma_fill": 100, "ln_cluster_c4_defer_elem_asm_mma_fill80": 80,
-           "ln_cluster_c4_defer_elem_asm_mma_fill65": 65, "ln_cluster_c4_defer_elem_asm_mma_fill50": 50}
+           "ln_cluster_c4_defer_elem_asm_mma_fill65": 65, "ln_cluster_c4_defer_elem_asm_mma_fill50": 50,
+           "ln_cluster_c4_defer_elem_asm_mma_fill90": 90, "ln_cluster_c4_defer_elem_asm_mma_fill85": 85}
 
 
 def test_fill_rows():
