@@ -189,14 +189,16 @@ the consumer warps' registers, and the statistic's loads, widening and FMAs shar
 four warps otherwise only issue TMA loads (one thread does), reads this CTA's statistic steps of both consumers'
 A slices from the ring, ``NUM_STAGES - 1`` steps behind its loads (``_producer_with_sumsq``: row sums, no
 elementwise tile, with the registers the consumers leave), and hands each M-tile's partials to the consumers
-through ``ss_bufs`` (two sets, ``ss_full`` / ``ss_empty``), where the exchange below completes them. The in-loop
-kernel's form of the idea (``kernels_tlx.lazy_prenorm``, STATS_IN_PRODUCER) took the statistic of every K step
-and was 1.22-1.60x its GEMM; here each CTA takes 1/C of them.
+through ``ss_bufs`` (two sets, ``ss_full`` / ``ss_empty``), where the exchange below completes them. Measured on
+the H200 (README, "The statistic in the producer warpgroup"): 26-64 points of hidden_dsl slower than the statistic
+in the consumers; the producer's one instruction stream now paces the ring's loads. A negative result, kept
+opt-in.
 **LN_SHIFT_SMEM** reads the shift ``A[:, 0]`` from the tile's first A slice in shared memory, at the first K step
 and after that step's wgmma is issued, instead of from global memory before the K loop. The profile of the c4 kernel
 with LN_RANK1_MMA at (K, N) = (512, 1024) put about 4 % of the consumer warps' samples on the shift's global load
-(long-scoreboard stalls at its bf16 widening, about one memory latency per tile). The same values, so the same
-results.
+(long-scoreboard stalls at its bf16 widening). The same values, so the same results (a GPU test asserts it).
+Measured slower on the H200 (README, "The shift from shared memory"): the column's extraction and the shift's layout
+conversions cost more than the load's latency did. Kept opt-in, as LN_SHIFT_PREFETCH.
 
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
@@ -395,12 +397,13 @@ class TilingConfig(TilingConfigBase):
             double-buffered shared memory; the consumers run the plain GEMM loop. The same fp32 terms summed in
             another order. Needs CLUSTER_SIZE > 1 and NUM_CONSUMERS = 2; excludes STATS_ELEMENTWISE, MULTICAST_A,
             PINGPONG, EPILOGUE_OVERLAP, STORE_DIRECT. The producer gets the registers the consumers leave
-            (``65536 / 128 - NUM_CONSUMERS * CONSUMER_REGS``: 80 at CONSUMER_REGS = 216). ``matmul_cluster`` ignores
-            it; the other ops raise ValueError when called. See "STATS_IN_PRODUCER" in the module docstring.
+            (88 at CONSUMER_REGS = 208). Measured far slower (README). ``matmul_cluster`` ignores it; the other ops
+            raise ValueError when called. See "STATS_IN_PRODUCER" in the module docstring.
         LN_SHIFT_SMEM: Lazy Pre-Norm LayerNorm only: each consumer reads its rows' shift ``A[:, 0]`` from the M-tile's
             first A slice in shared memory, at the first K step after its wgmma is issued, instead of loading it from
             global memory before the K loop. The same values, so the same results. Needs CLUSTER_SIZE > 1; excludes
-            LN_SHIFT_PREFETCH. ``matmul_cluster`` ignores it; the other ops raise ValueError when called.
+            LN_SHIFT_PREFETCH. Measured slower (README, "The shift from shared memory"). ``matmul_cluster``
+            ignores it; the other ops raise ValueError when called.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory). Both raise ValueError naming the violated constraint.
