@@ -123,6 +123,7 @@ import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+from triton.language.extra.cuda import gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from normfuse.techniques import lazy_prenorm as _spec
@@ -984,6 +985,7 @@ def _lazy_prenorm_ws_kernel(
     STATS_REGS: tl.constexpr = 56,  # STATS_WARPGROUP: setmaxnreg of that task
     STATS_IN_PRODUCER: tl.constexpr = False,  # with FUSE_RMSNORM: the statistics in the producer warpgroup
     A_FROM_REGS: tl.constexpr = False,  # with FUSE_RMSNORM: A slice -> registers once, feeding wgmma and the stats
+    PDL_WAIT_END: tl.constexpr = False,  # FILL_IDLE_SMS filler: exit only after the primary (cluster) grid completes
 ):
     BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS  # rows per consumer warpgroup
     STAGE_BYTES: tl.constexpr = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(tlx.dtype_of(a_desc))
@@ -1045,6 +1047,10 @@ def _lazy_prenorm_ws_kernel(
                                                       full_bars[s])
                         tlx.async_descriptor_load(b_desc, b_bufs[s], [off_k, off_n], full_bars[s])
                         it += 1
+            if PDL_WAIT_END:
+                # the filler of FILL_IDLE_SMS (a programmatic dependent grid): its CTAs exit only once the cluster
+                # grid has completed and flushed, so that whatever the stream runs next sees both row blocks
+                gdc_wait()
 
         # ---------------------------------------------------------------- consumers: wgmma (+ sum of squares)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
@@ -1323,7 +1329,9 @@ def _run_filled(a, b, eps, cfg: TilingConfig, ln_vectors):
     launch_dependents`` at its start (``PDL_TRIGGER``), and the REUSE_RSTD one-CTA-per-tile kernel on the last
     ``fill_rows`` rows as its programmatic dependent grid (``launch_pdl``: it starts once every cluster CTA is
     resident, so it takes the SMs the clusters leave, and needs none of their output), on as many CTAs as SMs are
-    idle; both write row blocks of one output. Same validation and errors as the cluster kernel alone."""
+    idle; both write row blocks of one output. The filler's producer ends with ``griddepcontrol.wait``
+    (``PDL_WAIT_END``), so the filler completes only after the cluster grid: the stream's next work sees the whole
+    output. Same validation and errors as the cluster kernel alone."""
     from kernels_tlx import multi_cta as km
 
     mcfg = cfg.cluster_config()
@@ -1355,7 +1363,7 @@ def _run_filled(a, b, eps, cfg: TilingConfig, ln_vectors):
                 SHIPPED_CONFIGS["reuse_rstd"]
             f_args, f_grid, f_kwargs = _launch_args(a[m_c:], b, y[m_c:], eps, True, fill_cfg,
                                                     _num_sms(a.device) - busy, ln_vectors)
-            _lazy_prenorm_ws_kernel[f_grid](*f_args, launch_pdl=True, **f_kwargs)
+            _lazy_prenorm_ws_kernel[f_grid](*f_args, launch_pdl=True, PDL_WAIT_END=True, **f_kwargs)
     return y
 
 

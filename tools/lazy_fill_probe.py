@@ -54,7 +54,7 @@ def fill_part(a, b, num_ctas: int, pdl: bool):
     c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
     args, grid, kwargs = lp._launch_args(a, b, c, EPS, True, cfg, num_ctas)
     if pdl:
-        kwargs["launch_pdl"] = True
+        kwargs.update(launch_pdl=True, PDL_WAIT_END=True)
     return (lambda: lp._lazy_prenorm_ws_kernel[grid](*args, **kwargs)), c
 
 

@@ -4,8 +4,9 @@ rows with the REUSE_RSTD one-CTA-per-tile kernel, launched as a programmatic dep
 
 - ``fill_rows``: the SM-and-rate share of the rows, a multiple of BLOCK_M, 0 without idle SMs.
 - Config validation (cluster form, persistent; FILL_RATE_PCT range), the shipped configs and their YAML entries.
-- The cluster kernel with ``PDL_TRIGGER`` holds ``griddepcontrol.launch_dependents`` (compile-only, sm_90a), and
-  without it not: the other builds are unchanged.
+- The cluster kernel with ``PDL_TRIGGER`` holds ``griddepcontrol.launch_dependents`` (compile-only, sm_90a), the
+  filler with ``PDL_WAIT_END`` a ``griddepcontrol.wait``, and without the flags neither: the other builds are
+  unchanged.
 
 The launch itself needs the GPU: ``python -m kernels_tlx.lazy_prenorm --quick --no-bench --config
 cluster_c4_defer_elem_fill ...`` on the H200 checks both parts' rows against the fp32 reference (odd shapes, M >= 1408
@@ -101,6 +102,27 @@ print(json.dumps(out))
 
 def test_pdl_trigger_compiles():
     r = run_python_json(_SCRIPT, timeout=300)
+    assert r == {"False": 0, "True": 1}, r
+
+
+_WAIT_SCRIPT = r"""
+import json, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_tlx import lazy_prenorm as lp
+a = torch.empty(4096, 512, dtype=torch.bfloat16)
+b = torch.empty(512, 1024, dtype=torch.bfloat16)
+c = torch.empty(4096, 1024, dtype=torch.bfloat16)
+args, grid, kw = lp._launch_args(a, b, c, 1e-6, True, lp.SHIPPED_CONFIGS["reuse_rstd"], 12)
+print(json.dumps({str(w): lp._lazy_prenorm_ws_kernel.warmup(*args, grid=grid, PDL_WAIT_END=w, **kw).asm["ptx"]
+                  .count("griddepcontrol.wait") for w in (False, True)}))
+"""
+
+
+def test_filler_waits_for_the_cluster_grid_before_it_exits():
+    """The filler (PDL_WAIT_END) ends its producer with griddepcontrol.wait: it completes only after the cluster
+    grid, so later work on the stream sees both row blocks; the kernel without the flag is unchanged."""
+    r = run_python_json(_WAIT_SCRIPT, timeout=300)
     assert r == {"False": 0, "True": 1}, r
 
 
