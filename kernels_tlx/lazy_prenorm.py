@@ -534,7 +534,7 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "cluster_c2_t2_elem_asm": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, STATS_ELEMENTWISE=True,
                                            STATS_UNPACK_ASM=True),
     # the statistic in the producer warpgroup, off the wgmma warps (TilingConfig.STATS_IN_PRODUCER; CONSUMER_REGS
-    # 208 leaves the producer about 96 registers)
+    # 208 leaves the producer 88 registers: setmaxnreg.dec in the PTX)
     "cluster_c2_defer_prod_asm": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_IN_PRODUCER=True,
                                               STATS_UNPACK_ASM=True, CONSUMER_REGS=208),
     "cluster_c4_defer_prod_asm": TilingConfig(CLUSTER_SIZE=4, STORE_DEFER=True, STATS_IN_PRODUCER=True,
@@ -1316,8 +1316,8 @@ def _run(a, b, eps, fuse: bool, config, ln_vectors=None) -> torch.Tensor:
 
 
 def fill_rows(M: int, busy_sms: int, idle_sms: int, rate_pct: int, block_m: int) -> int:
-    """FILL_IDLE_SMS: the rows for the idle-SM filler, ``M * idle * rate / (busy + idle * rate)`` rounded down to a
-    multiple of ``block_m`` (0 without idle SMs)."""
+    """FILL_IDLE_SMS: the rows for the idle-SM filler, ``M * idle * rate_pct / (busy * 100 + idle * rate_pct)``
+    rounded down to a multiple of ``block_m`` (0 without idle SMs)."""
     if idle_sms <= 0 or busy_sms <= 0:
         return 0
     share = idle_sms * rate_pct / (busy_sms * 100 + idle_sms * rate_pct)

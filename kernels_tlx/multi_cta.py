@@ -1083,7 +1083,7 @@ def _multi_cta_norm_kernel(
     SHIFT_PF: tl.constexpr = False,  # TilingConfig.LN_SHIFT_PREFETCH ("lazy_layer")
     SHIFT_SMEM: tl.constexpr = False,  # TilingConfig.LN_SHIFT_SMEM ("lazy_layer")
     SS_PROD: tl.constexpr = False,  # TilingConfig.STATS_IN_PRODUCER ("lazy_rms")
-    PDL_TRIGGER: tl.constexpr = False,  # lets a programmatic dependent grid start at once (the idle-SM filler)
+    PDL_TRIGGER: tl.constexpr = False,  # a programmatic dependent grid may start once all CTAs ran it (idle-SM filler)
 ):
     if PDL_TRIGGER:  # every CTA at its start: once all are resident, the dependent grid may take the idle SMs
         gdc_launch_dependents()
