@@ -97,6 +97,37 @@ def compile_multi_cta_pairs(jobs: list, labels: tuple[str, str], measure=None) -
     return out
 
 
+def compile_lazy_cluster_pairs(jobs: list, labels: tuple[str, str], measure=None) -> dict:
+    """Compile-only for sm_90a of pairs of shipped Lazy Pre-Norm cluster-form configs (``kernels_tlx.lazy_prenorm``'s
+    SHIPPED_CONFIGS, or SHIPPED_LN_CONFIGS for names starting with ``ln_``), for a subprocess script of the TLX
+    environment that has called ``normfuse.compile_only.install(90)`` (as ``compile_multi_cta_pairs``). For each job
+    ``(name, base, N, K)``: the fused op (``lazy_rmsnorm_matmul`` / ``lazy_layernorm_matmul``) of the configs ``name``
+    and ``base`` at ``a [4096, K]``, ``b [K, N]`` bf16, through ``compile_sm90(..., ptxas=True)`` and the kernel's
+    PTX. Returns ``{"<name>/<N>/<K>": {labels[0]: r, labels[1]: r}}``, each ``r`` holding ``ptxas`` and ``smem``
+    (``shared_bytes``), plus the dict ``measure(cluster_config, ptx)`` returns when given."""
+    from kernels_tlx import lazy_prenorm as lp
+    from kernels_tlx import multi_cta as km
+
+    out = {}
+    for name, base, N, K in jobs:
+        a = torch.empty(4096, K, dtype=torch.bfloat16)
+        b = torch.empty(K, N, dtype=torch.bfloat16)
+        ln = name.startswith("ln_")
+        op, norm, eps = ("lazy_layernorm_matmul", "lazy_layer", 1e-5) if ln else ("lazy_rmsnorm_matmul", "lazy_rms",
+                                                                                 1e-6)
+        vec = (torch.empty(N), torch.empty(N)) if ln else None
+        r = {}
+        for label, cfg_name in zip(labels, (name, base)):
+            cfg = (lp.SHIPPED_LN_CONFIGS if ln else lp.SHIPPED_CONFIGS)[cfg_name].cluster_config()
+            s = km.compile_sm90(op, a, b, config=cfg, ptxas=True,
+                                **(dict(colsum=vec[0], beta_b=vec[1]) if ln else {}))
+            *_, args, kw = km._prepare(a, b, None, None, eps, norm, cfg, need_cuda=False, ln_vectors=vec)
+            ptx = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE, ), **kw).asm["ptx"]
+            r[label] = {"ptxas": s["ptxas"], "smem": s["shared_bytes"], **(measure(cfg, ptx) if measure else {})}
+        out[f"{name}/{N}/{K}"] = r
+    return out
+
+
 def fna_llm_int64_inputs(B: int = 2049, device: str = "cuda") -> dict:
     """QK-norm attention inputs whose q has more than 2^31 elements at the default B: ``q [B, 16, 512, 128]``,
     ``k``, ``v [B, 8, 512, 128]`` bf16 (batch 2048 starts at element 2^31), ``q_weight`` / ``k_weight`` [128] near 1,

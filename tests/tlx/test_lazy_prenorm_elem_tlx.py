@@ -85,33 +85,22 @@ def test_launch_flags_and_rejects():
 
 
 _SCRIPT = r"""
-import json, re, sys, torch
+import json, sys
 from normfuse import compile_only
 compile_only.install(90)
-from kernels_tlx import lazy_prenorm as lp, multi_cta as km
+from normfuse.testing import compile_lazy_cluster_pairs
 
-out = {}
-for name, base, N, K in json.loads(sys.argv[1]):
-    a = torch.empty(4096, K, dtype=torch.bfloat16)
-    b = torch.empty(K, N, dtype=torch.bfloat16)
-    ln = name.startswith("ln_")
-    op, norm = ("lazy_layernorm_matmul", "lazy_layer") if ln else ("lazy_rmsnorm_matmul", "lazy_rms")
-    vec = dict(colsum=torch.empty(N), beta_b=torch.empty(N)) if ln else {}
-    r = {}
-    for key, cname in (("elem", name), ("base", base)):
-        cfg = (lp.SHIPPED_LN_CONFIGS if ln else lp.SHIPPED_CONFIGS)[cname].cluster_config()
-        s = km.compile_sm90(op, a, b, config=cfg, ptxas=True, **vec)
-        *_, args, kw = km._prepare(a, b, None, None, 1e-6, norm, cfg, need_cuda=False,
-                                   ln_vectors=tuple(vec.values()) or None)
-        ptx = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE,), **kw).asm["ptx"]
-        # the consumers' first K loop ends at its wgmma.wait_group 0: the shuffles issued before it are in the loop
-        loop = ptx[:ptx.index("wgmma.wait_group.sync.aligned 0;")]
-        r[key] = {"ptxas": s["ptxas"], "bfly_in_loop": loop.count("shfl.sync.bfly"),
-                  "cvt_in_loop": loop.count("cvt.f32.bf16"), "shl_in_loop": loop.count("shl.b32"),
-                  "and_in_loop": loop.count("and.b32"), "fma_in_loop": loop.count("fma.rn.f32"),
-                  "bfly": ptx.count("shfl.sync.bfly"), "ld_shared_v4": ptx.count("ld.shared.v4")}
-    out[f"{name}/{N}"] = r
-print(json.dumps(out))
+
+def measure(cfg, ptx):
+    # the consumers' first K loop ends at its wgmma.wait_group 0: the shuffles issued before it are in the loop
+    loop = ptx[:ptx.index("wgmma.wait_group.sync.aligned 0;")]
+    return {"bfly_in_loop": loop.count("shfl.sync.bfly"), "cvt_in_loop": loop.count("cvt.f32.bf16"),
+            "shl_in_loop": loop.count("shl.b32"), "and_in_loop": loop.count("and.b32"),
+            "fma_in_loop": loop.count("fma.rn.f32"), "bfly": ptx.count("shfl.sync.bfly"),
+            "ld_shared_v4": ptx.count("ld.shared.v4")}
+
+
+print(json.dumps(compile_lazy_cluster_pairs(json.loads(sys.argv[1]), ("elem", "base"), measure)))
 """
 
 

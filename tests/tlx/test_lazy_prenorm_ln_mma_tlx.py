@@ -104,27 +104,19 @@ def test_smem_estimate_counts_the_b_operand():
 
 
 _SCRIPT = r"""
-import hashlib, json, sys, torch
+import hashlib, json, sys
 from normfuse import compile_only
 compile_only.install(90)
-from kernels_tlx import lazy_prenorm as lp, multi_cta as km
+from normfuse.testing import compile_lazy_cluster_pairs
 
-out = {}
-for name, base, N, K in json.loads(sys.argv[1]):
-    a = torch.empty(4096, K, dtype=torch.bfloat16)
-    b = torch.empty(K, N, dtype=torch.bfloat16)
-    vec = (torch.empty(N), torch.empty(N))
-    r = {}
-    for key, cname in (("new", name), ("base", base)):
-        cfg = lp.SHIPPED_LN_CONFIGS[cname].cluster_config()
-        s = km.compile_sm90("lazy_layernorm_matmul", a, b, config=cfg, ptxas=True, colsum=vec[0], beta_b=vec[1])
-        *_, args, kw = km._prepare(a, b, None, None, 1e-5, "lazy_layer", cfg, need_cuda=False, ln_vectors=vec)
-        ptx = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE,), **kw).asm["ptx"]
-        r[key] = {"ptxas": s["ptxas"], "smem": s["shared_bytes"], "wgmma": ptx.count("wgmma.mma_async"),
-                  "ld_global_f32": ptx.count("ld.global.v2.b32") + ptx.count("ld.global.b32"),
-                  "ld_global_b16": ptx.count("ld.global.b16"), "sha": hashlib.sha256(ptx.encode()).hexdigest()}
-    out[f"{name}/{N}/{K}"] = r
-print(json.dumps(out))
+
+def measure(cfg, ptx):
+    return {"wgmma": ptx.count("wgmma.mma_async"),
+            "ld_global_f32": ptx.count("ld.global.v2.b32") + ptx.count("ld.global.b32"),
+            "ld_global_b16": ptx.count("ld.global.b16"), "sha": hashlib.sha256(ptx.encode()).hexdigest()}
+
+
+print(json.dumps(compile_lazy_cluster_pairs(json.loads(sys.argv[1]), ("new", "base"), measure)))
 """
 
 

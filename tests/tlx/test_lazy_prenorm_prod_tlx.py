@@ -68,36 +68,29 @@ def test_launch_flags_and_rejects():
 
 
 _SCRIPT = r"""
-import json, re, sys, torch
+import json, re, sys
 from normfuse import compile_only
 compile_only.install(90)
-from kernels_tlx import lazy_prenorm as lp, multi_cta as km
+from normfuse.testing import compile_lazy_cluster_pairs
 
-out = {}
-for name, base, N, K in json.loads(sys.argv[1]):
-    a = torch.empty(4096, K, dtype=torch.bfloat16)
-    b = torch.empty(K, N, dtype=torch.bfloat16)
-    r = {}
-    for key, cname in (("new", name), ("base", base)):
-        cfg = lp.SHIPPED_CONFIGS[cname].cluster_config()
-        s = km.compile_sm90("lazy_rmsnorm_matmul", a, b, config=cfg, ptxas=True)
-        *_, args, kw = km._prepare(a, b, None, None, 1e-6, "lazy_rms", cfg, need_cuda=False)
-        ptx = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE,), **kw).asm["ptx"]
-        inits = [int(x) for x in re.findall(r"mbarrier\.init\.shared::cta\.b64 \[[^\]]+\], (\d+);", ptx)]
-        # the PTX of each task starts at its setmaxnreg: the producer's (the first .dec) and the two consumers'
-        # (.inc to CONSUMER_REGS); per task the A-slice loads of the statistic (ld.shared.v4) and its FMAs
-        lines = ptx.splitlines()
-        marks = [i for i, l in enumerate(lines) if "setmaxnreg" in l] + [len(lines)]
-        regions = [(lines[a], "\n".join(lines[a:b])) for a, b in zip(marks, marks[1:])]
-        prod = next(text for head, text in regions if ".dec" in head)
-        cons = [text for head, text in regions if head.strip().endswith("\t%d;" % cfg.CONSUMER_REGS)]
-        r[key] = {"ptxas": s["ptxas"], "smem": s["shared_bytes"], "inits": inits, "n_consumers": len(cons),
-                  "consumer_lds_v4": sum(t.count("ld.shared.v4") for t in cons),
-                  "consumer_fma": sum(t.count("fma.rn.f32") for t in cons),
-                  "producer_lds_v4": prod.count("ld.shared.v4"), "producer_fma": prod.count("fma.rn.f32"),
-                  "producer_regs": int(re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32 \t(\d+);", ptx).group(1))}
-    out[f"{name}/{N}/{K}"] = r
-print(json.dumps(out))
+
+def measure(cfg, ptx):
+    inits = [int(x) for x in re.findall(r"mbarrier\.init\.shared::cta\.b64 \[[^\]]+\], (\d+);", ptx)]
+    # the PTX of each task starts at its setmaxnreg: the producer's (the first .dec) and the two consumers'
+    # (.inc to CONSUMER_REGS); per task the A-slice loads of the statistic (ld.shared.v4) and its FMAs
+    lines = ptx.splitlines()
+    marks = [i for i, l in enumerate(lines) if "setmaxnreg" in l] + [len(lines)]
+    regions = [(lines[a], "\n".join(lines[a:b])) for a, b in zip(marks, marks[1:])]
+    prod = next(text for head, text in regions if ".dec" in head)
+    cons = [text for head, text in regions if head.strip().endswith("\t%d;" % cfg.CONSUMER_REGS)]
+    return {"inits": inits, "n_consumers": len(cons),
+            "consumer_lds_v4": sum(t.count("ld.shared.v4") for t in cons),
+            "consumer_fma": sum(t.count("fma.rn.f32") for t in cons),
+            "producer_lds_v4": prod.count("ld.shared.v4"), "producer_fma": prod.count("fma.rn.f32"),
+            "producer_regs": int(re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32 \t(\d+);", ptx).group(1))}
+
+
+print(json.dumps(compile_lazy_cluster_pairs(json.loads(sys.argv[1]), ("new", "base"), measure)))
 """
 
 
