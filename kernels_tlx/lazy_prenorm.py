@@ -182,6 +182,27 @@ def ln_rank1_mma_errors(LN_RANK1_MMA: bool, STORE_DEFER: bool) -> list[str]:
     return []
 
 
+def stats_option_errors(STATS_ELEMENTWISE: bool, STATS_UNPACK_ASM: bool, STATS_IN_PRODUCER: bool) -> list[str]:
+    """How ``kernels_tlx.multi_cta``'s statistic options combine (STATS_UNPACK_ASM widens the terms of
+    STATS_ELEMENTWISE or STATS_IN_PRODUCER; the two place the statistic differently), shared by its TilingConfig and
+    this module's cluster form (which builds that config only at the first call)."""
+    errors = []
+    if STATS_UNPACK_ASM and not (STATS_ELEMENTWISE or STATS_IN_PRODUCER):
+        errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True or STATS_IN_PRODUCER=True (it widens the "
+                      "statistic's terms)")
+    if STATS_IN_PRODUCER and STATS_ELEMENTWISE:
+        errors.append("STATS_IN_PRODUCER=True with STATS_ELEMENTWISE=True: not applicable (the consumers take no "
+                      "statistic)")
+    return errors
+
+
+def ln_shift_errors(LN_SHIFT_SMEM: bool, LN_SHIFT_PREFETCH: bool) -> list[str]:
+    """Where the Lazy LayerNorm cluster form's shift comes from: one option at most (shared as above)."""
+    if LN_SHIFT_SMEM and LN_SHIFT_PREFETCH:
+        return ["LN_SHIFT_SMEM and LN_SHIFT_PREFETCH are exclusive (where the shift comes from)"]
+    return []
+
+
 def consumer_register_errors(NUM_CONSUMERS: int, CONSUMER_REGS: int, STATS_REGS: int | None = None) -> list[str]:
     """``setmaxnreg`` limits of the consumer warpgroups and the register file they share with the 4-warp producer
     (for 1 or 2 consumers; other counts are rejected by the caller) and, when ``STATS_REGS`` is given, with a
@@ -378,12 +399,7 @@ class TilingConfig(TilingConfigBase):
                 errors.append(f"{', '.join(set_)}: CLUSTER_SIZE > 1 (the cluster form) takes no REUSE_RSTD, "
                               "STATS_WARPGROUP, A_FROM_REGS or LN_EPILOGUE_MMA=False: its statistic is split across "
                               "the cluster instead (STATS_IN_PRODUCER: the cluster form's own option)")
-            if self.STATS_UNPACK_ASM and not (self.STATS_ELEMENTWISE or self.STATS_IN_PRODUCER):
-                errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True or STATS_IN_PRODUCER=True (it "
-                              "widens the statistic's terms)")
-            if self.STATS_IN_PRODUCER and self.STATS_ELEMENTWISE:
-                errors.append("STATS_IN_PRODUCER=True with STATS_ELEMENTWISE=True: not applicable (the consumers "
-                              "take no statistic)")
+            errors += stats_option_errors(self.STATS_ELEMENTWISE, self.STATS_UNPACK_ASM, self.STATS_IN_PRODUCER)
             errors += ln_rank1_mma_errors(self.LN_RANK1_MMA, self.STORE_DEFER)
         elif self.MULTICAST_A or self.STORE_DEFER or self.STATS_ELEMENTWISE or self.STATS_UNPACK_ASM or \
                 self.LN_RANK1_MMA or self.LN_SHIFT_PREFETCH or self.LN_SHIFT_SMEM or self.TILES_PER_CTA != 1:
@@ -394,8 +410,7 @@ class TilingConfig(TilingConfigBase):
             errors.append(f"{', '.join(set_)}: MULTICAST_A / STORE_DEFER / STATS_ELEMENTWISE / STATS_UNPACK_ASM / "
                           "LN_RANK1_MMA / LN_SHIFT_PREFETCH / LN_SHIFT_SMEM / TILES_PER_CTA are options of the cluster "
                           "form: they need CLUSTER_SIZE > 1")
-        if self.LN_SHIFT_SMEM and self.LN_SHIFT_PREFETCH:
-            errors.append("LN_SHIFT_SMEM and LN_SHIFT_PREFETCH are exclusive (where the shift comes from)")
+        errors += ln_shift_errors(self.LN_SHIFT_SMEM, self.LN_SHIFT_PREFETCH)
         if self.FILL_IDLE_SMS and (self.CLUSTER_SIZE == 1 or not self.PERSISTENT):
             errors.append("FILL_IDLE_SMS=True needs CLUSTER_SIZE > 1 and PERSISTENT=True (it fills the SMs the "
                           "persistent cluster grid leaves idle)")
@@ -865,10 +880,24 @@ def _stats_task_tile(a_bufs, full_bars, empty_bars, rstd_bufs, d_bufs, stats_ful
 
 
 @triton.jit
-def _col0(a_tile):
+def _widen_bf16(x):
+    """STATS_UNPACK_ASM: a bf16 tensor to fp32 (exact), two integer ops per packed pair of the register layout: the
+    low element is the word shifted up by 16 bits, the high one the word with its low 16 bits cleared."""
+    w = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [x],
+                                  dtype=tl.int32, is_pure=True, pack=2)
+    return w.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _col0(a_tile, UNPACK_ASM: tl.constexpr = False):
     """Column 0 of a shared-memory A slice as fp32 [rows] (the LayerNorm shift: the row's first element, 0 for
-    TMA zero-filled rows past M), extracted from the register tile without a layout conversion."""
-    x = tlx.local_load(a_tile).to(tl.float32)
+    TMA zero-filled rows past M), extracted from the register tile without a layout conversion (the row sum with
+    every other column zeroed: exact). ``UNPACK_ASM``: bf16 widened by ``_widen_bf16`` (the cluster form's
+    LN_SHIFT_SMEM with STATS_UNPACK_ASM)."""
+    if UNPACK_ASM:
+        x = _widen_bf16(tlx.local_load(a_tile))
+    else:
+        x = tlx.local_load(a_tile).to(tl.float32)
     col = tl.arange(0, x.shape[1])[None, :]
     return tl.sum(tl.where(col == 0, x, 0.0), axis=1)
 
@@ -1336,12 +1365,8 @@ def _run_filled(a, b, eps, cfg: TilingConfig, ln_vectors):
 
     mcfg = cfg.cluster_config()
     norm = "lazy_layer" if ln_vectors is not None else "lazy_rms"
-    if ln_vectors is not None:
-        check_forward_only("lazy_prenorm.lazy_layernorm_matmul", a=a, b_folded=b, colsum=ln_vectors[0],
-                           beta_b=ln_vectors[1])
+    if ln_vectors is not None:  # (forward-only: checked by the public op; the vectors as multi_cta's op checks them)
         km._validate_lazy_ln(a, b, *ln_vectors, eps)
-    else:
-        check_forward_only("lazy_prenorm.lazy_rmsnorm_matmul", a=a, b_folded=b)
     # the whole op validated and prepared as without the option (errors as there; its y is the output); the
     # occupancy from its build
     (M, N, K), _, (y, _, _), args, kwargs = km._prepare(a, b, None, None, eps, norm, mcfg, need_cuda=True,
@@ -1350,7 +1375,8 @@ def _run_filled(a, b, eps, cfg: TilingConfig, ln_vectors):
     ck = km._multi_cta_norm_kernel.warmup(*args, grid=(mcfg.CLUSTER_SIZE, ), **kwargs)
     avail = km._max_active_clusters(ck, mcfg.CLUSTER_SIZE, a.device) or 0
     busy = avail * mcfg.CLUSTER_SIZE
-    m_fill = fill_rows(M, busy, _num_sms(a.device) - busy, cfg.FILL_RATE_PCT, cfg.BLOCK_M)
+    idle = _num_sms(a.device) - busy
+    m_fill = fill_rows(M, busy, idle, cfg.FILL_RATE_PCT, cfg.BLOCK_M)
     m_c = M - m_fill
     if m_fill > 0:
         (m_c, _, _), _, _, args, kwargs = km._prepare(a[:m_c], b, None, None, eps, norm, mcfg, need_cuda=True,
@@ -1361,8 +1387,7 @@ def _run_filled(a, b, eps, cfg: TilingConfig, ln_vectors):
         if m_fill > 0:
             fill_cfg = SHIPPED_LN_CONFIGS["ln_reuse_rstd_subtile"] if ln_vectors is not None else \
                 SHIPPED_CONFIGS["reuse_rstd"]
-            f_args, f_grid, f_kwargs = _launch_args(a[m_c:], b, y[m_c:], eps, True, fill_cfg,
-                                                    _num_sms(a.device) - busy, ln_vectors)
+            f_args, f_grid, f_kwargs = _launch_args(a[m_c:], b, y[m_c:], eps, True, fill_cfg, idle, ln_vectors)
             _lazy_prenorm_ws_kernel[f_grid](*f_args, launch_pdl=True, PDL_WAIT_END=True, **f_kwargs)
     return y
 

@@ -486,12 +486,9 @@ class TilingConfig(TilingConfigBase):
                 "EPILOGUE_SUBTILE": "not implemented (no staging tile to split)",
                 "STORE_DEFER": "not applicable (there is no staging buffer to defer)",
                 "EPILOGUE_OVERLAP": "not implemented (the deferred epilogue stores its parked tiles by TMA)"})
-        if self.STATS_UNPACK_ASM and not (self.STATS_ELEMENTWISE or self.STATS_IN_PRODUCER):
-            errors.append("STATS_UNPACK_ASM=True needs STATS_ELEMENTWISE=True or STATS_IN_PRODUCER=True (it widens "
-                          "the statistic's terms)")
+        errors += _lp.stats_option_errors(self.STATS_ELEMENTWISE, self.STATS_UNPACK_ASM, self.STATS_IN_PRODUCER)
         if self.STATS_IN_PRODUCER:
             errors += self._conflicts("STATS_IN_PRODUCER", {
-                "STATS_ELEMENTWISE": "not applicable (the consumers take no statistic)",
                 "MULTICAST_A": "not implemented", "PINGPONG": "not implemented (Lazy Pre-Norm is cooperative)",
                 "EPILOGUE_OVERLAP": "not implemented", "STORE_DIRECT": "not implemented"})
             if self.CLUSTER_SIZE == 1 or self.NUM_CONSUMERS != 2:
@@ -502,8 +499,7 @@ class TilingConfig(TilingConfigBase):
             if getattr(self, flag) and self.CLUSTER_SIZE == 1:
                 errors.append(f"{flag}=True needs CLUSTER_SIZE > 1 (an option of Lazy LayerNorm's cluster form; "
                               "CLUSTER_SIZE = 1 is not GPU-checked)")
-        if self.LN_SHIFT_SMEM and self.LN_SHIFT_PREFETCH:
-            errors.append("LN_SHIFT_SMEM and LN_SHIFT_PREFETCH are exclusive (where the shift comes from)")
+        errors += _lp.ln_shift_errors(self.LN_SHIFT_SMEM, self.LN_SHIFT_PREFETCH)
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -728,18 +724,6 @@ _ln_tile_stats = _lp._ln_tile_stats
 
 
 @triton.jit
-def _ln_shift_smem(a_tile, BLOCK_K: tl.constexpr, UNPACK_ASM: tl.constexpr):
-    """"lazy_layer", LN_SHIFT_SMEM: ``_ln_shift``'s values, read from column 0 of the M-tile's first shared-memory A
-    slice (the same box: the producer's clamped rows, TMA's zero fill past M) as fp32, [rows]: the row sum of the
-    slice with every other column replaced by 0 (exact)."""
-    if UNPACK_ASM:
-        x = _widen_bf16(tlx.local_load(a_tile))
-    else:
-        x = tlx.local_load(a_tile).to(tl.float32)
-    return tl.sum(tl.where((tl.arange(0, BLOCK_K) == 0)[None, :], x, 0.0), axis=1)
-
-
-@triton.jit
 def _ln_shift(a_ptr, off_cm, M, K, BM_C: tl.constexpr):
     """"lazy_layer": the per-row shift ``A[row, 0]`` of the consumer's A box at row ``off_cm`` (input dtype), [BM_C].
     The box starts at the producer's clamped row ``min(off_cm, M - 1)``; rows past M read 0, as TMA zero-fills."""
@@ -747,13 +731,8 @@ def _ln_shift(a_ptr, off_cm, M, K, BM_C: tl.constexpr):
     return tl.load(a_ptr + srows.to(tl.int64) * K, mask=srows < M, other=0.0)
 
 
-@triton.jit
-def _widen_bf16(x):
-    """STATS_UNPACK_ASM: a bf16 tensor to fp32 (exact), two integer ops per packed pair of the register layout: the
-    low element is the word shifted up by 16 bits, the high one the word with its low 16 bits cleared."""
-    w = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [x],
-                                  dtype=tl.int32, is_pure=True, pack=2)
-    return w.to(tl.float32, bitcast=True)
+# STATS_UNPACK_ASM: bf16 -> fp32 as two integer ops per packed pair (defined with ``_col0``, its other user)
+_widen_bf16 = _lp._widen_bf16
 
 
 @triton.jit
@@ -1281,7 +1260,7 @@ def _multi_cta_norm_kernel(
                     recv_bars = full_bars
             for pid_m in range(cluster_id, num_pid_m, num_clusters):
                 off_cm = pid_m * BLOCK_M + cid * BM_C
-                if LAZY:
+                if LAZY and not SS_PROD:  # (STATS_IN_PRODUCER: the producer's partials, read in the epilogue)
                     if SS_2D:  # a^2 elementwise, reduced across threads once per M-tile
                         ss = tl.zeros([BM_C, BLOCK_K], dtype=tl.float32)
                     else:
@@ -1387,8 +1366,9 @@ def _multi_cta_norm_kernel(
                             ss = _lazy_sumsq_step(ss, a_bufs[cid * NUM_STAGES + s], SS_2D, UNPACK_ASM)
                     if LAZY_LN:
                         if SHIFT_SMEM:
-                            if ki == 0:  # column 0 of the first slice (its rows past M: TMA's zero fill, as _ln_shift)
-                                shift = _ln_shift_smem(a_bufs[cid * NUM_STAGES + s], BLOCK_K, UNPACK_ASM)
+                            if ki == 0:  # column 0 of the first slice: _ln_shift's values (the same clamped box,
+                                # TMA's zero fill past M)
+                                shift = _lp._col0(a_bufs[cid * NUM_STAGES + s], UNPACK_ASM)
                         if ki % C == rank:  # (the K tail, zero-filled by TMA, would add -shift: masked)
                             if SS_2D:
                                 y = _ln_tile_terms(a_bufs[cid * NUM_STAGES + s], shift, ki * BLOCK_K, K, BLOCK_K, EVEN_K,
@@ -1824,12 +1804,10 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         kwargs.update(DIRECT=True, c_ptr=y)
     if cfg.STATS_ELEMENTWISE and norm in ("lazy_rms", "lazy_layer"):
         kwargs["SS_2D"] = True
-        if cfg.STATS_UNPACK_ASM and a.dtype == torch.bfloat16:
-            kwargs["UNPACK_ASM"] = True
     if cfg.STATS_IN_PRODUCER and norm == "lazy_rms":
         kwargs["SS_PROD"] = True
-        if cfg.STATS_UNPACK_ASM and a.dtype == torch.bfloat16:
-            kwargs["UNPACK_ASM"] = True
+    if cfg.STATS_UNPACK_ASM and a.dtype == torch.bfloat16 and ("SS_2D" in kwargs or "SS_PROD" in kwargs):
+        kwargs["UNPACK_ASM"] = True  # (the widening of whichever statistic the kernel takes)
     if norm == "lazy_layer":  # colsum / beta_b in the (unused: HAS_W = HAS_B = False) weight / bias slots
         if ln_vectors is None:
             ln_vectors = tuple(torch.empty(N, dtype=torch.float32, device=a.device) for _ in range(2))
