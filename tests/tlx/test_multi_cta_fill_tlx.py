@@ -1,0 +1,180 @@
+"""CPU checks of the Multi-CTA kernel's FILL_IDLE_SMS option (``kernels_tlx.multi_cta``; TLX venv: ``.venv-tlx/bin/python
+-m pytest tests/tlx/test_multi_cta_fill_tlx.py``): the SMs the persistent c4 / c8 grid leaves idle run the last rows
+with the half-size two-tile cluster kernel (``TilingConfig.fill_config()``), launched as a programmatic dependent grid.
+
+- Config validation, ``fill_config()``, the N check of both kernels, the shipped configs and their YAML entries.
+- The row split (``_run_filled``) with the launches recorded instead of run: the two grids, their rows and their
+  outputs (row blocks of one y / mean / rstd), ``launch_pdl`` on the filler only, no split without idle SMs.
+- The cluster kernel with ``PDL_TRIGGER`` holds ``griddepcontrol.launch_dependents`` and the filler with
+  ``PDL_WAIT_END`` a ``griddepcontrol.wait`` (compile-only, sm_90a); without the flags neither.
+
+The launches themselves need the GPU: ``python -m kernels_tlx.multi_cta --quick --no-bench --config
+c4_defer_lnpack_fill ...`` on the H200 checks both kernels' rows against the fp32 reference (M = 17793 and 40000
+split), as ``make test-gpu`` does for every YAML entry.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): run with .venv-tlx/bin/python")
+
+from kernels_tlx import lazy_prenorm as lp  # noqa: E402
+from kernels_tlx import multi_cta as km  # noqa: E402
+from normfuse.testing import run_python_json  # noqa: E402
+
+FILL = {"c4_defer_lnpack_fill": (4, 100), "c4_defer_lnpack_fill90": (4, 90), "c4_defer_lnpack_fill80": (4, 80),
+        "c8_defer_lnpack_fill": (8, 100)}
+
+
+def test_configs_and_validation():
+    for name, (C, rate) in FILL.items():
+        cfg = km.SHIPPED_CONFIGS[name]
+        assert cfg.FILL_IDLE_SMS and cfg.FILL_RATE_PCT == rate and cfg.CLUSTER_SIZE == C and cfg.STORE_DEFER, name
+        fc = cfg.fill_config()
+        assert (fc.CLUSTER_SIZE, fc.TILES_PER_CTA, fc.LN_PACKED, fc.FILL_IDLE_SMS) == (C // 2, 2, True, False), name
+    assert km.SHIPPED_CONFIGS["c4_defer_lnpack_fill"].fill_config() == km.SHIPPED_CONFIGS["c2_t2_lnpack"]
+    assert km.SHIPPED_CONFIGS["c8_defer_lnpack_fill"].fill_config() == km.SHIPPED_CONFIGS["c4_t2_lnpack"]
+    need = "FILL_IDLE_SMS=True needs CLUSTER_SIZE 4 or 8, PERSISTENT=True and TILES_PER_CTA=1"
+    for bad in (dict(CLUSTER_SIZE=2), dict(CLUSTER_SIZE=16), dict(PERSISTENT=False),
+                dict(CLUSTER_SIZE=4, TILES_PER_CTA=2)):
+        with pytest.raises(ValueError, match=need):
+            km.TilingConfig(**{"CLUSTER_SIZE": 4, **bad, "FILL_IDLE_SMS": True})
+    with pytest.raises(ValueError, match="FILL_RATE_PCT=500 must be in 1 .. 400"):
+        km.TilingConfig(FILL_IDLE_SMS=True, FILL_RATE_PCT=500)
+    with pytest.raises(ValueError, match="FILL_RATE_PCT=80 applies with FILL_IDLE_SMS=True only"):
+        km.TilingConfig(FILL_RATE_PCT=80)
+    with pytest.raises(ValueError, match="FILL_RATE_PCT"):
+        km.TilingConfig(FILL_IDLE_SMS=True, FILL_RATE_PCT=0.8)
+
+
+def test_both_kernels_must_serve_n():
+    cfg = km.SHIPPED_CONFIGS["c4_defer_lnpack_fill"]
+    assert cfg.supports(1024) and cfg.supports(512) and not cfg.supports(2048)
+    # a 7-stage ring fits the c4 kernel with a half-size staging tile, not the two-tile filler with its whole parked one
+    deep = dict(CLUSTER_SIZE=4, BLOCK_K=32, NUM_STAGES=7, EPILOGUE_SUBTILE=True)
+    assert km.TilingConfig(**deep).supports(1024)
+    with pytest.raises(ValueError, match=r"the filler \(fill_config\(\)\) cannot serve N=1024: .*shared memory"):
+        km.TilingConfig(**deep, FILL_IDLE_SMS=True).block_n(1024)
+
+
+def test_lazy_ops_refuse_the_option():
+    a = torch.empty(256, 64, dtype=torch.bfloat16)
+    b = torch.empty(64, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="use kernels_tlx.lazy_prenorm's TilingConfig.FILL_IDLE_SMS"):
+        km._prepare(a, b, None, None, 1e-6, "lazy_rms", km.SHIPPED_CONFIGS["c4_defer_lnpack_fill"], need_cuda=False)
+
+
+def test_yaml_entries():
+    entries = {e["name"]: e for e in yaml.safe_load((REPO / "configs/tiling/multi_cta_h200.yaml").read_text())["tlx"]}
+    for name in FILL:
+        e = dict(entries[name.replace("_", "-") + "-persistent-s3"])
+        e.pop("name")
+        assert e.pop("impls") == ["fused"], e
+        assert km.TilingConfig.from_dict(e) == km.SHIPPED_CONFIGS[name], (name, e)
+
+
+class _Launches:
+    """Stands in for ``_multi_cta_norm_kernel``: records each launch's grid, rows (M) and output pointers (y: the
+    tensor of its c_desc)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def warmup(self, *args, **kwargs):
+        return object()
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append(dict(grid=grid, M=args[7], y=args[2].base.data_ptr(), mean=args[5].data_ptr(),
+                                   rstd=args[6].data_ptr(), C=kwargs["CLUSTER_SIZE"], TILES=kwargs.get("TILES", 1),
+                                   pdl=kwargs.get("launch_pdl", False), trigger=kwargs.get("PDL_TRIGGER", False),
+                                   wait=kwargs.get("PDL_WAIT_END", False)))
+        return launch
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    rec = _Launches()
+    prepare = km._prepare
+    monkeypatch.setattr(km, "_multi_cta_norm_kernel", rec)
+    monkeypatch.setattr(km, "_prepare", lambda *a, need_cuda, **k: prepare(*a, need_cuda=False, **k))
+    monkeypatch.setattr(km, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: nullcontext())
+    return rec, monkeypatch
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_rows_split_between_the_two_grids(recorded, norm):
+    rec, mp = recorded
+    mp.setattr(km, "_max_active_clusters", lambda ck, C, device: 30)  # the H200's c4 grid: 120 of 132 SMs
+    M, N, K = 17793, 1024, 64
+    a = torch.empty(M, K, dtype=torch.bfloat16)
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    cfg = km.SHIPPED_CONFIGS["c4_defer_lnpack_fill90"]
+    y, mean, rstd = km._run_filled(a, b, None, None, 1e-5, norm, cfg)
+    m_fill = lp.fill_rows(M, 120, 12, 90, 128)
+    m_c = M - m_fill
+    assert m_fill > 0 and m_fill % 128 == 0
+    main, fill = rec.calls
+    assert (main["grid"], main["M"], main["C"], main["TILES"]) == ((120, ), m_c, 4, 1)
+    assert main["trigger"] and not main["pdl"] and not main["wait"]
+    # the filler: 6 c2 clusters (12 idle SMs), two tiles per CTA, a programmatic dependent launch that waits at its end
+    assert (fill["grid"], fill["M"], fill["C"], fill["TILES"]) == ((12, ), m_fill, 2, 2)
+    assert fill["pdl"] and fill["wait"] and not fill["trigger"]
+    # both write row blocks of the same outputs
+    assert main["y"] == y.data_ptr() and fill["y"] == y[m_c:].data_ptr()
+    assert fill["rstd"] == rstd[m_c:].data_ptr() and main["rstd"] == rstd.data_ptr()
+    if norm == "layer":
+        assert fill["mean"] == mean[m_c:].data_ptr() and main["mean"] == mean.data_ptr()
+    else:
+        assert mean is None
+
+
+def test_no_split_without_idle_sms_or_rows(recorded):
+    rec, mp = recorded
+    cfg = km.SHIPPED_CONFIGS["c4_defer_lnpack_fill"]
+    b = torch.empty(64, 1024, dtype=torch.bfloat16)
+    for clusters, M in ((33, 262144), (30, 1000), (None, 4096)):  # no idle SM / < BLOCK_M filler rows / unknown
+        rec.calls.clear()
+        mp.setattr(km, "_max_active_clusters", lambda ck, C, device, n=clusters: n)
+        km._run_filled(torch.empty(M, 64, dtype=torch.bfloat16), b, None, None, 1e-6, "rms", cfg)
+        assert len(rec.calls) == 1 and rec.calls[0]["M"] == M and not rec.calls[0]["pdl"], (clusters, M)
+
+
+_SCRIPT = r"""
+import json, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_tlx import multi_cta as km
+a = torch.empty(4096, 512, dtype=torch.bfloat16)
+out = {}
+for name, N in (("c4_defer_lnpack_fill", 1024), ("c8_defer_lnpack_fill", 2048)):
+    b = torch.empty(512, N, dtype=torch.bfloat16)
+    cfg = km.SHIPPED_CONFIGS[name]
+    for role, c, flag, marker in (("main", cfg, "PDL_TRIGGER", "griddepcontrol.launch_dependents"),
+                                  ("fill", cfg.fill_config(), "PDL_WAIT_END", "griddepcontrol.wait")):
+        *_, args, kw = km._prepare(a, b, None, None, 1e-5, "layer", c, need_cuda=False)
+        for on in (False, True):
+            ptx = km._multi_cta_norm_kernel.warmup(*args, grid=(c.CLUSTER_SIZE,), **kw,
+                                                   **({flag: True} if on else {})).asm["ptx"]
+            out[f"{name}/{role}/{on}"] = ptx.count(marker)
+print(json.dumps(out))
+"""
+
+
+def test_pdl_instructions_compile():
+    r = run_python_json(_SCRIPT, timeout=600)
+    for name in ("c4_defer_lnpack_fill", "c8_defer_lnpack_fill"):
+        for role in ("main", "fill"):
+            assert (r[f"{name}/{role}/False"], r[f"{name}/{role}/True"]) == (0, 1), (name, role, r)
