@@ -152,10 +152,13 @@ def ws_stage_errors(BLOCK_K: int, NUM_STAGES: int) -> list[str]:
     return errors
 
 
-def tiles_per_cta_errors(TILES_PER_CTA: int, CLUSTER_SIZE: int, **flags: bool) -> list[str]:
+def tiles_per_cta_errors(TILES_PER_CTA: int, CLUSTER_SIZE: int, recompute: bool = False, **flags: bool) -> list[str]:
     """Limits of ``kernels_tlx.multi_cta``'s TILES_PER_CTA option (two column tiles per CTA), shared by its
     TilingConfig and this module's cluster form (which builds that config only at the first call); ``flags``: the
-    config's PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER values. One message per violated limit."""
+    config's PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER values; ``recompute``: multi_cta's
+    RECOMPUTE_TILES (no parked tile: 2, 4 or 8 tiles, checked there). One message per violated limit."""
+    if recompute:
+        return []
     if TILES_PER_CTA not in (1, 2):
         return [f"TILES_PER_CTA={TILES_PER_CTA} must be 1 or 2 (more tiles per CTA are not implemented; at "
                 "BLOCK_N = 256 two parked tiles would not fit beside the ring in 227 KB)"]

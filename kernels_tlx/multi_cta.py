@@ -167,6 +167,15 @@ rows round as ``c2_t2_lnpack``'s: the parked tile). ``_run_filled``; the Lazy Pr
 ``kernels_tlx.lazy_prenorm`` (its filler is a one-CTA kernel). Whether the half-size clusters fit the idle SMs is
 the hardware's: a filler cluster that does not fit waits for a cluster CTA to exit (correct, but late).
 
+**RECOMPUTE_TILES** (``TilingConfig.RECOMPUTE_TILES``; ``c*_rc*``; its own kernel, ``_recompute_norm_kernel``). The
+filler of a c8 grid must run on the pairs of SMs it leaves idle, i.e. on 2-CTA clusters covering N = 2048: four
+256-wide tiles per CTA, whose three parked tiles would not fit beside the ring. Instead each CTA computes its tiles
+twice per M-tile: a statistics pass keeps only each tile's per-row (sum, centred sum of squares) (RMSNorm: sum of
+squares), merged over the tiles by Chan's formula; one LN_PACKED DSMEM exchange (same slots, barriers and WAR
+argument as below); an output pass recomputes each tile, normalizes it (one FMA) and TMA-stores it through one
+staging buffer per consumer. The producer streams the ring for both passes (2 x TILES x K steps per M-tile). Twice
+the GEMM's work, one tile's shared memory. RMSNorm and LayerNorm only, none of the other options.
+
 **STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200 (README,
 "Where the statistic's time goes") counted the statistic of the c2 cluster form at K = 2048 as 65 % more warp
 instructions than its GEMM: at each K step a CTA owns, the row sum of the squared [64, 64] A slice ends in 3
@@ -430,6 +439,15 @@ class TilingConfig(TilingConfigBase):
             ``TilingConfig.FILL_IDLE_SMS``). See "FILL_IDLE_SMS" in the module docstring.
         FILL_RATE_PCT: with FILL_IDLE_SMS, the filler's throughput per SM in % of this kernel's (1 .. 400): the row
             split.
+        FILL_RECOMPUTE: with FILL_IDLE_SMS, the filler is the RECOMPUTE_TILES kernel on 2-CTA clusters with
+            CLUSTER_SIZE / 2 tiles per CTA (the same columns per cluster: c8 -> c2 x 4 tiles) instead of the
+            half-size two-tile cluster (whose 4-CTA clusters do not fit the SMs a c8 grid leaves idle on the H200).
+        RECOMPUTE_TILES: ``matmul_rmsnorm`` / ``matmul_layernorm`` only, its own kernel (``_recompute_norm_kernel``):
+            each CTA computes its TILES_PER_CTA (2, 4 or 8) column tiles twice per M-tile, a statistics pass that
+            keeps only the per-row partials and, after the one DSMEM exchange, an output pass that normalizes and
+            stores them. No parked tile: the shared memory of one tile per CTA for any TILES_PER_CTA, at twice the
+            GEMM's work (c2 x 4 tiles covers N = 2048). LayerNorm's statistics are LN_PACKED's (required).
+            Excludes every other option. See "RECOMPUTE_TILES" in the module docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory; with FILL_IDLE_SMS also the filler's). Both raise ValueError naming the violated
@@ -460,6 +478,8 @@ class TilingConfig(TilingConfigBase):
     STATS_IN_PRODUCER: bool = False
     FILL_IDLE_SMS: bool = False
     FILL_RATE_PCT: int = 100
+    FILL_RECOMPUTE: bool = False
+    RECOMPUTE_TILES: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -497,7 +517,8 @@ class TilingConfig(TilingConfigBase):
                               f"{self.NUM_CONSUMERS}")
             if self.MULTICAST_A:
                 errors.append("PINGPONG=True with MULTICAST_A=True is not implemented")
-        errors += _lp.tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, PINGPONG=self.PINGPONG,
+        errors += _lp.tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, recompute=self.RECOMPUTE_TILES,
+                                           PINGPONG=self.PINGPONG,
                                            MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE,
                                            STORE_DEFER=self.STORE_DEFER)
         if self.EPILOGUE_OVERLAP:
@@ -538,6 +559,21 @@ class TilingConfig(TilingConfigBase):
             errors.append(f"FILL_RATE_PCT={self.FILL_RATE_PCT} applies with FILL_IDLE_SMS=True only")
         if not 1 <= self.FILL_RATE_PCT <= 400:
             errors.append(f"FILL_RATE_PCT={self.FILL_RATE_PCT} must be in 1 .. 400 (a per-SM rate in %)")
+        if self.FILL_RECOMPUTE and not self.FILL_IDLE_SMS:
+            errors.append("FILL_RECOMPUTE=True applies with FILL_IDLE_SMS=True only")
+        if self.RECOMPUTE_TILES:
+            if self.TILES_PER_CTA not in (2, 4, 8) or self.CLUSTER_SIZE > 8:
+                errors.append(f"RECOMPUTE_TILES=True needs TILES_PER_CTA in (2, 4, 8) and CLUSTER_SIZE <= 8, got "
+                              f"TILES_PER_CTA={self.TILES_PER_CTA}, CLUSTER_SIZE={self.CLUSTER_SIZE}")
+            if not self.LN_PACKED:
+                errors.append("RECOMPUTE_TILES=True needs LN_PACKED=True (its LayerNorm exchange is the packed word)")
+            others = [f for f in ("MULTICAST_A", "EPILOGUE_SUBTILE", "STORE_DEFER", "PINGPONG", "EPILOGUE_OVERLAP",
+                                  "STORE_DIRECT", "STATS_ELEMENTWISE", "STATS_UNPACK_ASM", "LN_RANK1_MMA",
+                                  "LN_SHIFT_PREFETCH", "LN_SHIFT_SMEM", "STATS_IN_PRODUCER", "FILL_IDLE_SMS")
+                      if getattr(self, f)]
+            if others:
+                errors.append(f"RECOMPUTE_TILES=True excludes {', '.join(others)} (a kernel of its own with none of "
+                              "these options)")
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -552,7 +588,13 @@ class TilingConfig(TilingConfigBase):
     def fill_config(self) -> "TilingConfig":
         """FILL_IDLE_SMS: the filler's config -- CLUSTER_SIZE / 2 with TILES_PER_CTA = 2 (the same columns per
         cluster, so the same BLOCK_N), this config's ring, registers and LN_PACKED (c4_defer_lnpack_fill ->
-        c2_t2_lnpack)."""
+        c2_t2_lnpack); with FILL_RECOMPUTE the RECOMPUTE_TILES kernel on 2-CTA clusters with CLUSTER_SIZE / 2 tiles
+        each (c8 -> c2_t4_rc_lnpack)."""
+        if self.FILL_RECOMPUTE:  # 2-CTA clusters, C / 2 tiles each, computed twice (c8 -> c2 x 4 tiles)
+            return TilingConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K, CLUSTER_SIZE=2,
+                                NUM_STAGES=self.NUM_STAGES, NUM_CONSUMERS=self.NUM_CONSUMERS,
+                                CONSUMER_REGS=self.CONSUMER_REGS, LN_PACKED=True,
+                                TILES_PER_CTA=self.CLUSTER_SIZE // 2, RECOMPUTE_TILES=True)
         return TilingConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K,
                             CLUSTER_SIZE=self.CLUSTER_SIZE // 2, NUM_STAGES=self.NUM_STAGES,
                             NUM_CONSUMERS=self.NUM_CONSUMERS, CONSUMER_REGS=self.CONSUMER_REGS,
@@ -583,6 +625,9 @@ class TilingConfig(TilingConfigBase):
         against ``metadata.shared`` in tests."""
         ring = self.NUM_STAGES * (self.a_stage_rows * self.BLOCK_K + self.BLOCK_K * block_n) * itemsize
         epilogue = self.BLOCK_M * (block_n // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
+        if self.RECOMPUTE_TILES:  # packed 64-bit exchange words for either norm; 1 KB of scratch (the whole-tile
+            nstat = 2  # affine's layout conversion)
+            epilogue += 1024
         if self.STORE_DIRECT:
             # stored from registers (TILES_PER_CTA = 2 keeps the parked buffer); 1 KB for the compiler's small
             # scratch (the affine vectors' layout conversion)
@@ -732,6 +777,16 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "c4_defer_lnpack_fill80": TilingConfig(CLUSTER_SIZE=4, LN_PACKED=True, STORE_DEFER=True, FILL_IDLE_SMS=True,
                                            FILL_RATE_PCT=80),
     "c8_defer_lnpack_fill": TilingConfig(CLUSTER_SIZE=8, LN_PACKED=True, STORE_DEFER=True, FILL_IDLE_SMS=True),
+    # RECOMPUTE_TILES: each CTA's column tiles computed twice (statistics pass, then output pass), no parked tile:
+    # c2 x 4 tiles covers N = 2048 on 2-CTA clusters (c1 / c2 x 2: the self-check's smaller N); and c8 with such a
+    # filler (FILL_RECOMPUTE) at 50 / 40 % of a cluster SM's rate (it runs the GEMM twice)
+    "c1_t2_rc": TilingConfig(CLUSTER_SIZE=1, TILES_PER_CTA=2, LN_PACKED=True, RECOMPUTE_TILES=True),
+    "c2_t2_rc_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, LN_PACKED=True, RECOMPUTE_TILES=True),
+    "c2_t4_rc_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=4, LN_PACKED=True, RECOMPUTE_TILES=True),
+    "c8_defer_lnpack_fill_rc50": TilingConfig(CLUSTER_SIZE=8, LN_PACKED=True, STORE_DEFER=True, FILL_IDLE_SMS=True,
+                                              FILL_RECOMPUTE=True, FILL_RATE_PCT=50),
+    "c8_defer_lnpack_fill_rc40": TilingConfig(CLUSTER_SIZE=8, LN_PACKED=True, STORE_DEFER=True, FILL_IDLE_SMS=True,
+                                              FILL_RECOMPUTE=True, FILL_RATE_PCT=40),
 }
 
 
@@ -1760,6 +1815,209 @@ def _multi_cta_norm_kernel(
                 tlx.cluster_barrier()  # exit rendezvous: no peer stores into / arrives on this CTA afterwards
 
 
+@triton.jit
+def _rc_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid: tl.constexpr, k_tiles, K,
+                 NUM_STAGES: tl.constexpr):
+    """RECOMPUTE_TILES: one consumer's K loop over ring steps ``it ...`` into the fp32 accumulator ``acc``, restarted
+    at 0 in its registers (a select on the run-time-false ``K < 0``, as the two-tile kernel does: with a zero
+    constant per tile ptxas spills), ``async_dot_wait(1)`` pipelining, each slot released one step late, the last
+    after the drain. Returns ``(acc, it)``."""
+    acc = tl.where(K < 0, acc, 0.0)
+    s_prev = 0
+    for ki in range(0, k_tiles):
+        s = it % NUM_STAGES
+        tlx.barrier_wait(full_bars[s], (it // NUM_STAGES) & 1)
+        acc = tlx.async_dot(a_bufs[cid * NUM_STAGES + s], b_bufs[s], acc)
+        acc = tlx.async_dot_wait(1, acc)
+        if ki > 0:
+            tlx.barrier_arrive(empty_bars[s_prev])
+        s_prev = s
+        it += 1
+    acc = tlx.async_dot_wait(0, acc)
+    tlx.barrier_arrive(empty_bars[s_prev])  # k_tiles >= 1 always (K >= 8)
+    return acc, it
+
+
+@triton.jit
+def _recompute_norm_kernel(
+    a_desc,  # TMA descriptor of A [M, K], block [64, BLOCK_K]
+    b_desc,  # TMA descriptor of B [K, N], block [BLOCK_K, BLOCK_N]
+    c_desc,  # TMA descriptor of Y [M, N], block [64, BLOCK_N]
+    w_ptr,  # weight [N] (unused unless HAS_W)
+    bias_ptr,  # bias [N] (unused unless HAS_B)
+    mean_ptr,  # fp32 [M] (LayerNorm)
+    rstd_ptr,  # fp32 [M]
+    M,
+    N,
+    K,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    NUM_CONSUMERS: tl.constexpr,
+    CONSUMER_REGS: tl.constexpr,
+    CLUSTER_SIZE: tl.constexpr,
+    TILES: tl.constexpr,  # TilingConfig.TILES_PER_CTA: BLOCK_N tiles per CTA, each computed twice
+    NORM: tl.constexpr,  # "rms" | "layer"
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    EVEN_N: tl.constexpr,  # N == CLUSTER_SIZE * TILES * BLOCK_N: every tile's columns valid
+    PDL_TRIGGER: tl.constexpr = False,  # as in _multi_cta_norm_kernel
+    PDL_WAIT_END: tl.constexpr = False,  # as in _multi_cta_norm_kernel (the FILL_IDLE_SMS filler)
+):
+    """RECOMPUTE_TILES (module docstring): CTA ``rank`` of a cluster owns ``TILES`` column tiles; per M-tile a
+    statistics pass computes each tile and keeps only its per-row (sum, centred sum of squares) / sum of squares,
+    merged over the tiles by Chan's formula; one packed DSMEM exchange per M-tile (the LN_PACKED word and
+    double-buffer protocol of ``_multi_cta_norm_kernel``); then an output pass computes each tile again, normalizes
+    it and TMA-stores it through one staging buffer per consumer (the wait for a store before the buffer's next
+    use). No tile is parked, so any TILES fits the shared memory of one tile per CTA; the GEMM runs twice."""
+    if PDL_TRIGGER:
+        gdc_launch_dependents()
+    C: tl.constexpr = CLUSTER_SIZE
+    W: tl.constexpr = BLOCK_N * TILES  # columns per CTA: rank r owns [r * W, (r + 1) * W)
+    BM_C: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    DT: tl.constexpr = tlx.dtype_of(a_desc)
+    STAGE_BYTES: tl.constexpr = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * tlx.size_of(DT)
+    EXCHANGE: tl.constexpr = C > 1
+    RECV_BYTES: tl.constexpr = BM_C * 8 * (C - 1)  # one int64 word per row from each peer
+    a_bufs = tlx.local_alloc((BM_C, BLOCK_K), DT, NUM_STAGES * NUM_CONSUMERS)
+    b_bufs = tlx.local_alloc((BLOCK_K, BLOCK_N), DT, NUM_STAGES)
+    full_bars = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
+    empty_bars = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=NUM_CONSUMERS)
+    if EXCHANGE:
+        # slot (b * NUM_CONSUMERS + cid) * C + r receives rank r's packed word; buffer b = t % 2 (module docstring)
+        slots = tlx.local_alloc((BM_C, ), tl.int64, 2 * NUM_CONSUMERS * C)
+        recv_bars = tlx.alloc_barriers(num_barriers=2 * NUM_CONSUMERS, arrive_count=1)
+    out_bufs = tlx.local_alloc((BM_C, BLOCK_N), tlx.dtype_of(c_desc), NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        # ---------------------------------------------------------------- producer: TMA loads, both passes
+        with tlx.async_task("default"):
+            if C > 1:
+                tlx.cluster_barrier()  # entry rendezvous (as _multi_cta_norm_kernel)
+                rank = tlx.cluster_cta_rank()
+            else:
+                rank = 0
+            cluster_id = tl.program_id(0) // C
+            num_clusters = tl.num_programs(0) // C
+            num_pid_m = tl.cdiv(M, BLOCK_M)
+            k_tiles = tl.cdiv(K, BLOCK_K)
+            off_n = rank * W
+            it = 0
+            for pid_m in range(cluster_id, num_pid_m, num_clusters):
+                off_m = pid_m * BLOCK_M
+                for kt in range(0, 2 * TILES * k_tiles):  # the statistics pass's tiles, then the output pass's
+                    ki = kt % k_tiles
+                    off_nb = off_n + ((kt // k_tiles) % TILES) * BLOCK_N
+                    s = it % NUM_STAGES
+                    tlx.barrier_wait(empty_bars[s], ((it // NUM_STAGES) & 1) ^ 1)
+                    tlx.barrier_expect_bytes(full_bars[s], STAGE_BYTES)
+                    for c in tl.static_range(NUM_CONSUMERS):
+                        a_row = tl.minimum(off_m + c * BM_C, M - 1)  # clamped, as _multi_cta_norm_kernel
+                        tlx.async_descriptor_load(a_desc, a_bufs[c * NUM_STAGES + s], [a_row, ki * BLOCK_K],
+                                                  full_bars[s])
+                    tlx.async_descriptor_load(b_desc, b_bufs[s], [ki * BLOCK_K, off_nb], full_bars[s])
+                    it += 1
+            if C > 1:
+                tlx.cluster_barrier()  # exit rendezvous
+            if PDL_WAIT_END:
+                gdc_wait()  # (as _multi_cta_norm_kernel)
+
+        # ---------------------------------------------------------------- consumers
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if C > 1:
+                tlx.cluster_barrier()
+                rank = tlx.cluster_cta_rank()
+            else:
+                rank = 0
+            cluster_id = tl.program_id(0) // C
+            num_clusters = tl.num_programs(0) // C
+            num_pid_m = tl.cdiv(M, BLOCK_M)
+            k_tiles = tl.cdiv(K, BLOCK_K)
+            off_n = rank * W
+            it = 0
+            t = 0
+            acc = tl.zeros([BM_C, BLOCK_N], dtype=tl.float32)
+            for pid_m in range(cluster_id, num_pid_m, num_clusters):
+                off_cm = pid_m * BLOCK_M + cid * BM_C
+                # statistics pass: this CTA's per-row partials over its TILES tiles (a tile wholly past N adds 0);
+                # the first tile, then the others in a loop (not unrolled: ptxas spilled the unrolled K loops)
+                acc, it = _rc_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K, NUM_STAGES)
+                if NORM == "rms":
+                    p0 = tl.sum(acc * acc, axis=1)
+                    p1 = p0
+                else:
+                    n_acc = tl.minimum(N - off_n, BLOCK_N)  # >= 1 (TilingConfig.block_n)
+                    p0, p1 = _ln_partials(acc, off_n, N, n_acc, BM_C, BLOCK_N, EVEN_N)
+                for j in range(1, TILES):
+                    acc, it = _rc_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K,
+                                           NUM_STAGES)
+                    if NORM == "rms":
+                        p0 += tl.sum(acc * acc, axis=1)
+                        p1 = p0
+                    else:
+                        n_j = tl.minimum(tl.maximum(N - (off_n + j * BLOCK_N), 0), BLOCK_N)
+                        q0, q1 = _ln_partials(acc, off_n + j * BLOCK_N, N, n_j, BM_C, BLOCK_N, EVEN_N)
+                        p0, p1 = _chan_merge(p0, p1, n_acc, q0, q1, n_j, BLOCK_N, False)
+                        n_acc += n_j
+                if EXCHANGE:
+                    buf = t % 2
+                    base = (buf * NUM_CONSUMERS + cid) * C
+                    bar = recv_bars[buf * NUM_CONSUMERS + cid]
+                    tlx.barrier_expect_bytes(bar, RECV_BYTES)
+                    own = _pack_f32x2(p0, p1)
+                    tlx.local_store(slots[base + rank], own)
+                    for p in tl.static_range(C):
+                        if p != rank:
+                            tlx.async_remote_shmem_store(dst=slots[base + rank], src=own, remote_cta_rank=p,
+                                                         barrier=bar)
+                    tlx.barrier_wait(bar, (t // 2) & 1)
+                    if NORM == "rms":  # rank-order sum (bit-identical on every CTA)
+                        total = tl.zeros([BM_C], dtype=tl.float32)
+                        for r in tl.static_range(C):
+                            q0, q1 = _unpack_f32x2(tlx.local_load(slots[base + r]))
+                            total += q0
+                        rstd = tl.math.rsqrt(total / N + eps)
+                        mean = rstd
+                    else:
+                        mean, rstd = _packed_combine(slots, base, N, eps, C, W, BM_C, EVEN_N)
+                else:
+                    if NORM == "rms":
+                        rstd = tl.math.rsqrt(p0 / N + eps)
+                        mean = rstd
+                    else:
+                        mean = p0 / N
+                        rstd = tl.math.rsqrt(p1 / N + eps)
+                rows = off_cm + tl.arange(0, BM_C)
+                stat_ok = (rows < M) & (rank == 0)
+                tl.store(rstd_ptr + rows, rstd, mask=stat_ok)
+                if NORM == "layer":
+                    tl.store(mean_ptr + rows, mean, mask=stat_ok)
+                t += 1
+                # output pass: each tile again, normalized (one FMA per element) and stored
+                live = off_cm < M
+                for j in range(0, TILES):
+                    acc, it = _rc_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K,
+                                           NUM_STAGES)
+                    off_j = off_n + j * BLOCK_N
+                    if NORM == "rms":
+                        y = acc * rstd[:, None]
+                    else:
+                        y = acc * rstd[:, None] - (mean * rstd)[:, None]
+                    if HAS_W or HAS_B:
+                        y = _affine(y, w_ptr, bias_ptr, off_j, N, live, BLOCK_N, HAS_W, HAS_B)
+                    tlx.async_descriptor_store_wait(0)  # the previous store has read out_bufs[cid]
+                    if live & (off_j < N):  # (a last rank's tile may lie wholly past N)
+                        tlx.local_store(out_bufs[cid], y.to(tlx.dtype_of(c_desc)))
+                        tlx.fence("async_shared")
+                        tlx.async_descriptor_store(c_desc, out_bufs[cid], [off_cm, off_j])
+            tlx.async_descriptor_store_wait(0)  # the staging buffer must outlive the last store's read
+            if C > 1:
+                tlx.cluster_barrier()  # exit rendezvous
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Host side
 # ------------------------------------------------------------------------------------------------------------
@@ -1820,6 +2078,10 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
             op = next(op for op, n in _NORM_OF_OP.items() if n == norm)
             raise ValueError(f"{flag}=True applies to lazy_layernorm_matmul only (Lazy Pre-Norm LayerNorm), got "
                              f"{op}: use a config without it")
+    if cfg.RECOMPUTE_TILES and norm not in ("rms", "layer"):
+        op = next((op for op, n in _NORM_OF_OP.items() if n == norm), "matmul_cluster")
+        raise ValueError(f"RECOMPUTE_TILES=True applies to matmul_rmsnorm / matmul_layernorm only, got {op}: use a "
+                         "config without it")
     if norm in ("lazy_rms", "lazy_layer") and cfg.FILL_IDLE_SMS:
         raise ValueError(f"Lazy Pre-Norm ({norm}): multi_cta's FILL_IDLE_SMS=True is not supported here (its filler is "
                          "the post-GEMM norm's): use kernels_tlx.lazy_prenorm's TilingConfig.FILL_IDLE_SMS")
@@ -1862,6 +2124,12 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         num_stages=1,  # no compiler pipelining: the ring is explicit
     )
     T = cfg.TILES_PER_CTA
+    if cfg.RECOMPUTE_TILES:  # _recompute_norm_kernel's constexprs (_kernel(cfg))
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("MULTICAST_A", "EPILOGUE_SUBTILE")}
+        kwargs.update(TILES=T, EVEN_N=N == C * T * bn)
+        if C > 1:
+            kwargs["ctas_per_cga"] = (C, 1, 1)
+        return (M, N, K), bn, (y, mean if has_mean else None, rstd), args, kwargs
     # (the other kernels keep their default constexprs: unchanged builds)
     if cfg.LN_PACKED and norm == "layer":
         kwargs["LN_PACKED"] = True
@@ -1972,6 +2240,11 @@ def _grid(cfg: TilingConfig, M: int, num_clusters_avail: int | None) -> tuple[in
     return (clusters * cfg.CLUSTER_SIZE, )
 
 
+def _kernel(cfg: TilingConfig):
+    """The JIT kernel of ``cfg``: ``_recompute_norm_kernel`` with RECOMPUTE_TILES, else ``_multi_cta_norm_kernel``."""
+    return _recompute_norm_kernel if cfg.RECOMPUTE_TILES else _multi_cta_norm_kernel
+
+
 def cluster_occupancy(config=None, N: int = 1024, op: str = "matmul_rmsnorm", device="cuda") -> int | None:
     """Co-resident clusters of ``config``'s kernel for rows of N (GPU only; compiles the kernel): the persistent
     grid in clusters. None if unknown."""
@@ -1979,7 +2252,7 @@ def cluster_occupancy(config=None, N: int = 1024, op: str = "matmul_rmsnorm", de
     a = torch.empty(cfg.BLOCK_M, 64, dtype=torch.bfloat16, device=device)
     b = torch.empty(64, N, dtype=torch.bfloat16, device=device)
     _, _, _, args, kwargs = _prepare(a, b, None, None, 1e-6, _NORM_OF_OP.get(op, "none"), cfg, need_cuda=True)
-    ck = _multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE, ), **kwargs)
+    ck = _kernel(cfg).warmup(*args, grid=(cfg.CLUSTER_SIZE, ), **kwargs)
     return _max_active_clusters(ck, cfg.CLUSTER_SIZE, torch.device(device))
 
 
@@ -1994,7 +2267,7 @@ def _run(a, b, weight, bias, eps, norm: str, config, ln_vectors=None):
     avail = None
     if cfg.PERSISTENT or cfg.CLUSTER_SIZE > 8:
         # compile (cached) to query the occupancy; for 16-CTA clusters this also sets the non-portable attribute
-        ck = _multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE, ), **kwargs)
+        ck = _kernel(cfg).warmup(*args, grid=(cfg.CLUSTER_SIZE, ), **kwargs)
         avail = _max_active_clusters(ck, cfg.CLUSTER_SIZE, a.device)
         if cfg.CLUSTER_SIZE > 8 and avail is None:
             raise RuntimeError(f"CLUSTER_SIZE={cfg.CLUSTER_SIZE}: no co-resident {cfg.CLUSTER_SIZE}-CTA cluster "
@@ -2002,7 +2275,7 @@ def _run(a, b, weight, bias, eps, norm: str, config, ln_vectors=None):
                                "need a GPC with that many free SMs")
     grid = _grid(cfg, M, avail)
     with torch.cuda.device(a.device):
-        _multi_cta_norm_kernel[grid](*args, **kwargs)
+        _kernel(cfg)[grid](*args, **kwargs)
     return outs
 
 
@@ -2038,7 +2311,7 @@ def _run_filled(a, b, weight, bias, eps, norm: str, cfg: TilingConfig):
     with torch.cuda.device(a.device):
         _multi_cta_norm_kernel[_grid(cfg, m_c, avail or None)](*args, **kwargs)
         if m_fill > 0:
-            _multi_cta_norm_kernel[f_grid](*f_args, launch_pdl=True, PDL_WAIT_END=True, **f_kwargs)
+            _kernel(fcfg)[f_grid](*f_args, launch_pdl=True, PDL_WAIT_END=True, **f_kwargs)
     return outs
 
 
@@ -2259,7 +2532,7 @@ def compile_sm90(op: str, a: torch.Tensor, b: torch.Tensor, *, eps: float = 1e-6
         ln_vectors = (colsum, beta_b)
     (M, N, K), bn, _, args, kwargs = _prepare(a, b, w, bias, eps, norm, cfg, need_cuda=False, ln_vectors=ln_vectors)
     grid = _grid(cfg, M, None)
-    compiled = _multi_cta_norm_kernel.warmup(*args, grid=grid, **kwargs)
+    compiled = _kernel(cfg).warmup(*args, grid=grid, **kwargs)
     ptx = compiled.asm["ptx"]
     out = summarize(compiled)
     out["ptx_extra"] = _ptx_extras(ptx)

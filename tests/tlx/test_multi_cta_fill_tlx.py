@@ -3,6 +3,9 @@
 with the half-size two-tile cluster kernel (``TilingConfig.fill_config()``), launched as a programmatic dependent grid.
 
 - Config validation, ``fill_config()``, the N check of both kernels, the shipped configs and their YAML entries.
+- RECOMPUTE_TILES (``_recompute_norm_kernel``: each CTA's tiles computed twice, no parked tile; the filler of the
+  c8 grid with FILL_RECOMPUTE): validation, the configs, and its sm_90a build (no spills, the cluster exchange, the
+  shared memory of one tile).
 - The row split (``_run_filled``) with the launches recorded instead of run: the two grids, their rows and their
   outputs (row blocks of one y / mean / rstd), ``launch_pdl`` on the filler only, no split without idle SMs.
 - The cluster kernel with ``PDL_TRIGGER`` holds ``griddepcontrol.launch_dependents`` and the filler with
@@ -35,6 +38,8 @@ from normfuse.testing import run_python_json  # noqa: E402
 
 FILL = {"c4_defer_lnpack_fill": (4, 100), "c4_defer_lnpack_fill90": (4, 90), "c4_defer_lnpack_fill80": (4, 80),
         "c8_defer_lnpack_fill": (8, 100)}
+FILL_RC = {"c8_defer_lnpack_fill_rc50": 50, "c8_defer_lnpack_fill_rc40": 40}
+RC = {"c1_t2_rc": (1, 2, 512), "c2_t2_rc_lnpack": (2, 2, 1024), "c2_t4_rc_lnpack": (2, 4, 2048)}
 
 
 def test_configs_and_validation():
@@ -58,6 +63,69 @@ def test_configs_and_validation():
         km.TilingConfig(FILL_IDLE_SMS=True, FILL_RATE_PCT=0.8)
 
 
+def test_recompute_configs_and_validation():
+    for name, rate in FILL_RC.items():
+        cfg = km.SHIPPED_CONFIGS[name]
+        assert cfg.FILL_IDLE_SMS and cfg.FILL_RECOMPUTE and cfg.FILL_RATE_PCT == rate and cfg.CLUSTER_SIZE == 8
+        assert cfg.fill_config() == km.SHIPPED_CONFIGS["c2_t4_rc_lnpack"], name  # 2 CTAs x 4 tiles = 8 x 1 tile
+        assert cfg.supports(2048) and cfg.supports(1000), name
+    for name, (C, T, N) in RC.items():
+        cfg = km.SHIPPED_CONFIGS[name]
+        assert cfg.RECOMPUTE_TILES and (cfg.CLUSTER_SIZE, cfg.TILES_PER_CTA) == (C, T) and cfg.block_n(N) == 256
+        assert not cfg.supports(2 * N), name
+    with pytest.raises(ValueError, match=r"RECOMPUTE_TILES=True needs TILES_PER_CTA in \(2, 4, 8\)"):
+        km.TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=3, LN_PACKED=True, RECOMPUTE_TILES=True)
+    with pytest.raises(ValueError, match="RECOMPUTE_TILES=True needs LN_PACKED=True"):
+        km.TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=4, RECOMPUTE_TILES=True)
+    with pytest.raises(ValueError, match="RECOMPUTE_TILES=True excludes STORE_DEFER, PINGPONG"):
+        km.TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=4, LN_PACKED=True, RECOMPUTE_TILES=True, STORE_DEFER=True,
+                        PINGPONG=True)
+    with pytest.raises(ValueError, match="TILES_PER_CTA=4 must be 1 or 2"):  # parked tiles: still at most 2
+        km.TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=4, LN_PACKED=True)
+    with pytest.raises(ValueError, match="FILL_RECOMPUTE=True applies with FILL_IDLE_SMS=True only"):
+        km.TilingConfig(CLUSTER_SIZE=8, FILL_RECOMPUTE=True)
+    a = torch.empty(256, 64, dtype=torch.bfloat16)
+    b = torch.empty(64, 2048, dtype=torch.bfloat16)
+    for norm in ("none", "lazy_rms"):
+        with pytest.raises(ValueError, match="RECOMPUTE_TILES=True applies to matmul_rmsnorm / matmul_layernorm"):
+            km._prepare(a, b, None, None, 1e-6, norm, km.SHIPPED_CONFIGS["c2_t4_rc_lnpack"], need_cuda=False)
+
+
+_RC_SCRIPT = r"""
+import json, sys, torch
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_tlx import multi_cta as km
+out = {}
+for name, N, K, affine in json.loads(sys.argv[1]):
+    a = torch.empty(4096, K, dtype=torch.bfloat16)
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    for op in ("matmul_rmsnorm", "matmul_layernorm"):
+        r = km.compile_sm90(op, a, b, config=km.SHIPPED_CONFIGS[name], affine=affine, ptxas=True)
+        out[f"{name}/{op}/{N}/{int(affine)}"] = dict(spills=r["ptxas"]["spill_stores"], shared=r["shared_bytes"],
+                                                    est=r["smem_estimate"], markers=r["ptx_markers"],
+                                                    st_async=r["ptx_extra"]["st_async_b64"], bn=r["block_n"])
+print(json.dumps(out))
+"""
+
+
+def test_recompute_kernel_compiles():
+    """sm_90a builds of the RECOMPUTE_TILES kernel at the benchmark N (and a ragged N with affine): no spills, the
+    shared memory of one tile per CTA (under 227 KB, as estimated), wgmma + TMA, and with a cluster the packed
+    exchange (one 64-bit st.async per peer and row)."""
+    from normfuse.testing import run_python_json_parallel
+
+    jobs = [(name, N, 1024, False) for name, (_, _, N) in RC.items()] + [("c2_t4_rc_lnpack", 1800, 72, True)]
+    r = run_python_json_parallel(_RC_SCRIPT, jobs, timeout=600)
+    assert len(r) == 2 * len(jobs)
+    for key, v in r.items():
+        name = key.split("/")[0]
+        assert v["spills"] == 0, (key, v)
+        assert v["shared"] <= km.SMEM_LIMIT_BYTES and 0 <= v["est"] - v["shared"] <= 4096, (key, v)
+        assert v["markers"]["wgmma"] > 0 and v["markers"]["tma_load"] > 0, (key, v)
+        assert (v["st_async"] > 0) == (km.SHIPPED_CONFIGS[name].CLUSTER_SIZE > 1), (key, v)
+
+
 def test_both_kernels_must_serve_n():
     cfg = km.SHIPPED_CONFIGS["c4_defer_lnpack_fill"]
     assert cfg.supports(1024) and cfg.supports(512) and not cfg.supports(2048)
@@ -77,7 +145,7 @@ def test_lazy_ops_refuse_the_option():
 
 def test_yaml_entries():
     entries = {e["name"]: e for e in yaml.safe_load((REPO / "configs/tiling/multi_cta_h200.yaml").read_text())["tlx"]}
-    for name in FILL:
+    for name in [*FILL, *FILL_RC, "c2_t2_rc_lnpack", "c2_t4_rc_lnpack"]:
         e = dict(entries[name.replace("_", "-") + "-persistent-s3"])
         e.pop("name")
         assert e.pop("impls") == ["fused"], e

@@ -46,7 +46,9 @@ TARGET_N = {"c1": 256, "c2": 512, "c4": 1024, "c8": 2048, "c8_mcast": 1024, "c16
             "c2_t2_bk32_lnpack": 1024, "c1_ovl": 256, "c4_ovl_lnpack": 1024, "c8_ovl_lnpack": 2048,
             "c2_t2_ovl_lnpack": 1024, "c1_direct": 256, "c4_direct_lnpack": 1024, "c4_direct_s4_lnpack": 1024,
             "c8_direct_s4_lnpack": 2048, "c2_t2_direct_lnpack": 1024, "c4_defer_lnpack_fill": 1024,
-            "c4_defer_lnpack_fill90": 1024, "c4_defer_lnpack_fill80": 1024, "c8_defer_lnpack_fill": 2048}
+            "c4_defer_lnpack_fill90": 1024, "c4_defer_lnpack_fill80": 1024, "c8_defer_lnpack_fill": 2048,
+            "c1_t2_rc": 512, "c2_t2_rc_lnpack": 1024, "c2_t4_rc_lnpack": 2048, "c8_defer_lnpack_fill_rc50": 2048,
+            "c8_defer_lnpack_fill_rc40": 2048}
 RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_subtile": 4000,
             "c4_lnpack": 392, "c8_lnpack": 1000,  # LN_PACKED: the masked statistics (N < C * BLOCK_N)
             "c4_defer_lnpack": 392, "c8_defer_lnpack": 1000, "c4_pp_lnpack": 392, "c8_pp_lnpack": 1000,
@@ -62,7 +64,10 @@ RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_
             "c2_t2_direct_lnpack": 600,
             # FILL_IDLE_SMS: the ragged N of the twin without it (the filler must serve it too)
             "c4_defer_lnpack_fill": 392, "c4_defer_lnpack_fill90": 392, "c4_defer_lnpack_fill80": 392,
-            "c8_defer_lnpack_fill": 1000}
+            "c8_defer_lnpack_fill": 1000,
+            # RECOMPUTE_TILES: a last tile holding 8 columns (c2 x 4 at 1800: rank 1's tiles hold 256, 256, 256, 8)
+            "c1_t2_rc": 264, "c2_t2_rc_lnpack": 600, "c2_t4_rc_lnpack": 1800, "c8_defer_lnpack_fill_rc50": 1000,
+            "c8_defer_lnpack_fill_rc40": 1000}
 COMPILE_M, COMPILE_K = 4096, 1024
 OPS = ("matmul_rmsnorm", "matmul_layernorm")
 
@@ -90,8 +95,8 @@ print(json.dumps(out))
 def _jobs():
     jobs = []
     for name, cfg in SHIPPED_CONFIGS.items():
-        if cfg.FILL_IDLE_SMS:  # the kernels of its twin without the option (tests/tlx/test_multi_cta_fill_tlx.py)
-            continue
+        if cfg.FILL_IDLE_SMS or cfg.RECOMPUTE_TILES:  # the kernels of its twin without FILL_IDLE_SMS; the
+            continue  # RECOMPUTE_TILES kernel: tests/tlx/test_multi_cta_fill_tlx.py
         jobs.append((name, TARGET_N[name], COMPILE_K, False))
         jobs.append((name, RAGGED_N[name], 72, True))  # ragged N, a K tail, affine
     return jobs
