@@ -419,6 +419,8 @@ class TilingConfig(TilingConfigBase):
                           "persistent cluster grid leaves idle)")
         if isinstance(self.FILL_RATE_PCT, int) and not 1 <= self.FILL_RATE_PCT <= 400:
             errors.append(f"FILL_RATE_PCT={self.FILL_RATE_PCT} must be in 1 .. 400 (a per-SM rate in %)")
+        elif self.FILL_RATE_PCT != 100 and not self.FILL_IDLE_SMS:
+            errors.append(f"FILL_RATE_PCT={self.FILL_RATE_PCT} applies with FILL_IDLE_SMS=True only")
         if self.CLUSTER_SIZE > 1:  # (multi_cta's TilingConfig runs the same check, but is built only at the first call)
             errors += tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, MULTICAST_A=self.MULTICAST_A,
                                            STORE_DEFER=self.STORE_DEFER, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE)
@@ -1377,6 +1379,8 @@ def _run_filled(a, b, eps, cfg: TilingConfig, ln_vectors):
     kwargs["PDL_TRIGGER"] = True
     ck = km._multi_cta_norm_kernel.warmup(*args, grid=(mcfg.CLUSTER_SIZE, ), **kwargs)
     avail = km._max_active_clusters(ck, mcfg.CLUSTER_SIZE, a.device) or 0
+    if not avail:
+        km._warn_no_fill()
     busy = avail * mcfg.CLUSTER_SIZE
     idle = _num_sms(a.device) - busy
     m_fill = fill_rows(M, busy, idle, cfg.FILL_RATE_PCT, cfg.BLOCK_M)

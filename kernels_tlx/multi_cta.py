@@ -174,7 +174,9 @@ twice per M-tile: a statistics pass keeps only each tile's per-row (sum, centred
 squares), merged over the tiles by Chan's formula; one LN_PACKED DSMEM exchange (same slots, barriers and WAR
 argument as below); an output pass recomputes each tile, normalizes it (one FMA) and TMA-stores it through one
 staging buffer per consumer. The producer streams the ring for both passes (2 x TILES x K steps per M-tile). Twice
-the GEMM's work, one tile's shared memory. RMSNorm and LayerNorm only, none of the other options.
+the GEMM's work, one tile's shared memory. RMSNorm and LayerNorm only, none of the other options. Not yet run on
+the GPU (compile-checked on the CPU only): ``python -m kernels_tlx.multi_cta --quick --no-bench --config
+c2_t4_rc_lnpack`` is its first check.
 
 **STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200 (README,
 "Where the statistic's time goes") counted the statistic of the c2 cluster form at K = 2048 as 65 % more warp
@@ -2096,16 +2098,18 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         raise ValueError(f"inputs must be CUDA tensors, got device {a.device}")
     C = cfg.CLUSTER_SIZE
     bm_c = cfg.rows_per_consumer
-    if out is not None and (out.shape != (M, N) or out.dtype != a.dtype or out.stride() != (N, 1)):
-        raise ValueError(f"out must be a row-major [{M}, {N}] {a.dtype} tensor, got {tuple(out.shape)} {out.dtype} "
-                         f"with strides {out.stride()}")
+    if out is not None and (out.shape != (M, N) or out.dtype != a.dtype or out.stride() != (N, 1)
+                            or out.device != a.device):
+        raise ValueError(f"out must be a row-major [{M}, {N}] {a.dtype} tensor on {a.device}, got "
+                         f"{tuple(out.shape)} {out.dtype} with strides {out.stride()} on {out.device}")
     y = out if out is not None else torch.empty((M, N), dtype=a.dtype, device=a.device)
     has_mean = norm in ("layer", "lazy_layer")
     if stats_out is not None:
         for name, t, want in zip(("mean", "rstd"), stats_out, (has_mean, norm != "none")):
-            if want and (t is None or t.shape != (M, ) or t.dtype != torch.float32 or not t.is_contiguous()):
-                raise ValueError(f"stats_out {name} must be a contiguous fp32 [{M}] tensor, got "
-                                 f"{None if t is None else (tuple(t.shape), t.dtype)}")
+            if want and (t is None or t.shape != (M, ) or t.dtype != torch.float32 or not t.is_contiguous()
+                         or t.device != a.device):
+                raise ValueError(f"stats_out {name} must be a contiguous fp32 [{M}] tensor on {a.device}, got "
+                                 f"{None if t is None else (tuple(t.shape), t.dtype, t.device)}")
     rstd = (stats_out[1] if stats_out is not None else torch.empty(M, dtype=torch.float32, device=a.device)) \
         if norm != "none" else y
     mean = (stats_out[0] if stats_out is not None else torch.empty(M, dtype=torch.float32, device=a.device)) \
@@ -2279,6 +2283,15 @@ def _run(a, b, weight, bias, eps, norm: str, config, ln_vectors=None):
     return outs
 
 
+def _warn_no_fill() -> None:
+    """FILL_IDLE_SMS without an occupancy figure (``cuOccupancyMaxActiveClusters`` failed): the idle SMs are not
+    known, so the cluster kernel runs alone on all rows (one cluster per M-tile); said once per process."""
+    import warnings
+
+    warnings.warn("FILL_IDLE_SMS: the co-resident cluster count is unknown (occupancy query failed), so no filler "
+                  "runs: the cluster kernel takes all rows", RuntimeWarning, stacklevel=3)
+
+
 def _run_filled(a, b, weight, bias, eps, norm: str, cfg: TilingConfig):
     """FILL_IDLE_SMS (``TilingConfig``): this cluster kernel on the first rows, with ``griddepcontrol.
     launch_dependents`` at its start (``PDL_TRIGGER``), and the ``cfg.fill_config()`` kernel (half the cluster, two
@@ -2293,6 +2306,8 @@ def _run_filled(a, b, weight, bias, eps, norm: str, cfg: TilingConfig):
     kwargs["PDL_TRIGGER"] = True
     ck = _multi_cta_norm_kernel.warmup(*args, grid=(C, ), **kwargs)
     avail = _max_active_clusters(ck, C, a.device) or 0
+    if not avail:
+        _warn_no_fill()
     busy = avail * C
     idle = _num_sms(a.device) - busy
     fcfg = cfg.fill_config()

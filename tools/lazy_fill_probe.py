@@ -44,6 +44,9 @@ def cluster_part(a, b, pdl_trigger: bool):
         kwargs["PDL_TRIGGER"] = True
     ck = km._multi_cta_norm_kernel.warmup(*args, grid=(cfg.CLUSTER_SIZE, ), **kwargs)
     avail = km._max_active_clusters(ck, cfg.CLUSTER_SIZE, a.device)
+    if not avail:  # the probe measures the idle SMs of the persistent grid: without its size there are none to fill
+        raise RuntimeError("cuOccupancyMaxActiveClusters gave no co-resident cluster count for the c4 kernel: the "
+                           "probe needs it (the persistent grid and its idle SMs)")
     grid = km._grid(cfg, M, avail)
     return (lambda: km._multi_cta_norm_kernel[grid](*args, **kwargs)), outs[0], avail * cfg.CLUSTER_SIZE
 

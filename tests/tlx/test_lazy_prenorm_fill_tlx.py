@@ -68,6 +68,8 @@ def test_configs_and_validation():
         lp.TilingConfig(CLUSTER_SIZE=4, FILL_IDLE_SMS=True, FILL_RATE_PCT=500)
     with pytest.raises(ValueError, match="FILL_RATE_PCT must be a positive integer"):
         lp.TilingConfig(CLUSTER_SIZE=4, FILL_IDLE_SMS=True, FILL_RATE_PCT=0.8)
+    with pytest.raises(ValueError, match="FILL_RATE_PCT=80 applies with FILL_IDLE_SMS=True only"):
+        lp.TilingConfig(CLUSTER_SIZE=4, FILL_RATE_PCT=80)
 
 
 def test_yaml_entries():

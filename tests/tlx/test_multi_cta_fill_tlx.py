@@ -209,6 +209,24 @@ def test_rows_split_between_the_two_grids(recorded, norm):
         assert mean is None
 
 
+def test_recompute_filler_of_the_c8_grid(recorded):
+    """FILL_RECOMPUTE: the c8 grid (15 clusters, 120 SMs) on the first rows, six 2-CTA clusters of the
+    RECOMPUTE_TILES kernel (four tiles per CTA) on the last rows at 50 % of a cluster SM's rate."""
+    rec, mp = recorded
+    mp.setattr(km, "_recompute_norm_kernel", rec)
+    mp.setattr(km, "_max_active_clusters", lambda ck, C, device: 15)
+    M, N, K = 262144, 2048, 64
+    a = torch.empty(M, K, dtype=torch.bfloat16)
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    y, mean, rstd = km._run_filled(a, b, None, None, 1e-5, "layer", km.SHIPPED_CONFIGS["c8_defer_lnpack_fill_rc50"])
+    m_fill = lp.fill_rows(M, 120, 12, 50, 128)
+    main, fill = rec.calls
+    assert (main["grid"], main["M"], main["C"], main["TILES"], main["trigger"]) == ((120, ), M - m_fill, 8, 1, True)
+    assert (fill["grid"], fill["M"], fill["C"], fill["TILES"], fill["pdl"], fill["wait"]) == ((12, ), m_fill, 2, 4,
+                                                                                              True, True)
+    assert fill["y"] == y[M - m_fill:].data_ptr() and fill["mean"] == mean[M - m_fill:].data_ptr()
+
+
 def test_no_split_without_idle_sms_or_rows(recorded):
     rec, mp = recorded
     cfg = km.SHIPPED_CONFIGS["c4_defer_lnpack_fill"]
@@ -216,7 +234,12 @@ def test_no_split_without_idle_sms_or_rows(recorded):
     for clusters, M in ((33, 262144), (30, 1000), (None, 4096)):  # no idle SM / < BLOCK_M filler rows / unknown
         rec.calls.clear()
         mp.setattr(km, "_max_active_clusters", lambda ck, C, device, n=clusters: n)
-        km._run_filled(torch.empty(M, 64, dtype=torch.bfloat16), b, None, None, 1e-6, "rms", cfg)
+        a = torch.empty(M, 64, dtype=torch.bfloat16)
+        if clusters is None:  # said, not silent
+            with pytest.warns(RuntimeWarning, match="co-resident cluster count is unknown"):
+                km._run_filled(a, b, None, None, 1e-6, "rms", cfg)
+        else:
+            km._run_filled(a, b, None, None, 1e-6, "rms", cfg)
         assert len(rec.calls) == 1 and rec.calls[0]["M"] == M and not rec.calls[0]["pdl"], (clusters, M)
 
 
