@@ -1050,10 +1050,11 @@ def _packed_combine(slots, base, N, eps, C: tl.constexpr, W: tl.constexpr, BM_C:
 
 
 @triton.jit
-def _ovl_send(slots, bar, p0, p1, base, rank, C: tl.constexpr, RECV_BYTES: tl.constexpr, PACKED: tl.constexpr):
-    """EPILOGUE_OVERLAP: arm this M-tile's exchange barrier and push this CTA's per-row partials (RMSNorm: sum x^2;
-    LN_PACKED: the (sum, M2) word) into its own slot and the same slot of every peer; the wait is deferred
-    (``_ovl_stats``). Same slots, bytes and WAR argument as the immediate exchange (module docstring)."""
+def _exchange_send(slots, bar, p0, p1, base, rank, C: tl.constexpr, RECV_BYTES: tl.constexpr, PACKED: tl.constexpr):
+    """Arm this M-tile's exchange barrier and push this CTA's per-row partials (RMSNorm: sum x^2; PACKED: the
+    (sum, M2) word) into its own slot and the same slot of every peer, without waiting: EPILOGUE_OVERLAP defers
+    the wait (``_ovl_stats``), RECOMPUTE_TILES waits at once. Same slots, bytes and WAR argument as the immediate
+    exchange (module docstring)."""
     tlx.barrier_expect_bytes(bar, RECV_BYTES)
     if PACKED:
         own = _pack_f32x2(p0, p1)
@@ -1563,8 +1564,8 @@ def _multi_cta_norm_kernel(
                         p0, p1 = _ln_partials(acc, off_nt, N, n_local, BM_C, BLOCK_N, EVEN_N)
                     if EXCHANGE:
                         buf = t % NB
-                        _ovl_send(slots, recv_bars[buf * NUM_CONSUMERS + cid], p0, p1, (buf * NUM_CONSUMERS + cid) * C,
-                                  rank, C, RECV_BYTES, PACKED)
+                        _exchange_send(slots, recv_bars[buf * NUM_CONSUMERS + cid], p0, p1,
+                                       (buf * NUM_CONSUMERS + cid) * C, rank, C, RECV_BYTES, PACKED)
                     elif RMS_LIKE:
                         rstd_c = tl.math.rsqrt(p0 / N + eps)
                     else:
@@ -1968,13 +1969,7 @@ def _recompute_norm_kernel(
                     buf = t % 2
                     base = (buf * NUM_CONSUMERS + cid) * C
                     bar = recv_bars[buf * NUM_CONSUMERS + cid]
-                    tlx.barrier_expect_bytes(bar, RECV_BYTES)
-                    own = _pack_f32x2(p0, p1)
-                    tlx.local_store(slots[base + rank], own)
-                    for p in tl.static_range(C):
-                        if p != rank:
-                            tlx.async_remote_shmem_store(dst=slots[base + rank], src=own, remote_cta_rank=p,
-                                                         barrier=bar)
+                    _exchange_send(slots, bar, p0, p1, base, rank, C, RECV_BYTES, True)
                     tlx.barrier_wait(bar, (t // 2) & 1)
                     if NORM == "rms":  # rank-order sum (bit-identical on every CTA)
                         total = tl.zeros([BM_C], dtype=tl.float32)

@@ -1,6 +1,7 @@
-"""CPU checks of the Multi-CTA kernel's FILL_IDLE_SMS option (``kernels_tlx.multi_cta``; TLX venv: ``.venv-tlx/bin/python
--m pytest tests/tlx/test_multi_cta_fill_tlx.py``): the SMs the persistent c4 / c8 grid leaves idle run the last rows
-with the half-size two-tile cluster kernel (``TilingConfig.fill_config()``), launched as a programmatic dependent grid.
+"""CPU checks of the Multi-CTA kernel's FILL_IDLE_SMS option (``kernels_tlx.multi_cta``; TLX venv:
+``.venv-tlx/bin/python -m pytest tests/tlx/test_multi_cta_fill_tlx.py``): the SMs the persistent c4 / c8 grid leaves
+idle run the last rows with the half-size two-tile cluster kernel (``TilingConfig.fill_config()``), launched as a
+programmatic dependent grid.
 
 - Config validation, ``fill_config()``, the N check of both kernels, the shipped configs and their YAML entries.
 - RECOMPUTE_TILES (``_recompute_norm_kernel``: each CTA's tiles computed twice, no parked tile; the filler of the
