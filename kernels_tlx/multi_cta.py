@@ -11,7 +11,8 @@ Math (``normfuse.techniques.multi_cta``; fp32 statistics from the fp32 accumulat
 ``BLOCK_M``-row M-tile at a time and splits N: CTA ``rank`` (``tlx.cluster_cta_rank()``) computes the
 ``[BLOCK_M, BLOCK_N]`` tile at columns ``[rank * BLOCK_N, (rank + 1) * BLOCK_N)`` over the full K (with
 ``TILES_PER_CTA`` = T = 2: two such tiles, one after the other, at ``[rank * 2 BLOCK_N, (rank + 1) * 2 BLOCK_N)``,
-section "TILES_PER_CTA" below). So ``C * T * BLOCK_N >= N`` is required (``BLOCK_N <= 256``: wgmma N and the
+section "TILES_PER_CTA" below; RECOMPUTE_TILES: 2 or 4 tiles, each computed twice, section "RECOMPUTE_TILES"). So
+``C * T * BLOCK_N >= N`` is required (``BLOCK_N <= 256``: wgmma N and the
 register accumulator), i.e. N <= 2048 with portable clusters and one tile, 4096 with 16-CTA clusters or with
 8-CTA clusters and two tiles; and every rank must own at least one column (``cdiv(N, T * BLOCK_N) == C``).
 ``TilingConfig.block_n`` checks both and raises ValueError naming the limit. The grid is 1-D, ``num_clusters * C`` CTAs launched with ``ctas_per_cga=(C, 1, 1)`` (fbtriton
@@ -156,16 +157,19 @@ Measured on the H200 it is slower than the staged TMA store, by 46-127 points of
 **FILL_IDLE_SMS** (``TilingConfig.FILL_IDLE_SMS``; ``c*_defer_lnpack_fill*``). A GPC holds only whole clusters, so
 the persistent c4 / c8 grids hold 120 of the H200's 132 SMs, while the two-tile c2 kernel fills all 132 (66
 clusters: so the idle SMs come in pairs of one GPC). With the option the cluster kernel takes the first ``M -
-m_fill`` rows and runs ``griddepcontrol.launch_dependents`` at its start; the last ``m_fill`` rows (a multiple of
-BLOCK_M: the idle SMs' share at FILL_RATE_PCT of a cluster SM's rate, ``kernels_tlx.lazy_prenorm.fill_rows``) go
-to ``fill_config()`` -- half the cluster size with two tiles per CTA (c2_t2 for c4, c4_t2 for c8), the same
-columns per cluster -- launched with ``launch_pdl`` as a persistent grid of ``idle // (C / 2)`` clusters. It may
-start once every CTA of the cluster grid is resident, so it lands on the idle SMs; its producer ends with
-``griddepcontrol.wait``, so it completes only after the cluster grid. The two grids write disjoint row blocks of
-y / mean / rstd; each row is computed by one kernel only, so the results are those of that kernel (the filler's
-rows round as ``c2_t2_lnpack``'s: the parked tile). ``_run_filled``; the Lazy Pre-Norm form of the idea is in
-``kernels_tlx.lazy_prenorm`` (its filler is a one-CTA kernel). Whether the half-size clusters fit the idle SMs is
-the hardware's: a filler cluster that does not fit waits for a cluster CTA to exit (correct, but late).
+m_fill`` rows and runs ``griddepcontrol.launch_dependents`` at its start. The last ``m_fill`` rows (a multiple of
+BLOCK_M: the idle SMs' share at FILL_RATE_PCT of a cluster SM's rate, ``fill_split``, which the self-check prints
+per shape) go to ``fill_config()``: half the cluster size with two tiles per CTA (c2_t2 for c4, c4_t2 for c8), the
+same columns per cluster, or with FILL_RECOMPUTE 2-CTA clusters of the RECOMPUTE_TILES kernel with C / 2 tiles each
+(below). The filler is launched with ``launch_pdl`` as a persistent grid of as many of its clusters as the idle SMs
+hold. It may start once every CTA of the cluster grid is resident, so it lands on the idle SMs; its producer ends
+with ``griddepcontrol.wait``, so it completes only after the cluster grid. The two grids write disjoint row blocks
+of y / mean / rstd. Each row is computed by one kernel only, so the last ``m_fill`` rows round as the filler's
+(``c2_t2_lnpack``'s parked tile), not as the cluster kernel's, and which rows those are depends on M and on the
+GPU's SM count and occupancy (bitwise repeatable on one GPU). ``_run_filled``; the Lazy Pre-Norm form of the idea is
+in ``kernels_tlx.lazy_prenorm`` (its filler is a one-CTA kernel). Whether the filler's clusters fit the idle SMs is
+the hardware's: a filler cluster that does not fit waits for a cluster CTA to exit (correct, but late: measured for
+c8's 4-CTA filler, README).
 
 **RECOMPUTE_TILES** (``TilingConfig.RECOMPUTE_TILES``; ``c*_rc*``; its own kernel, ``_recompute_norm_kernel``). The
 filler of a c8 grid must run on the pairs of SMs it leaves idle, i.e. on 2-CTA clusters covering N = 2048: four
@@ -440,14 +444,14 @@ class TilingConfig(TilingConfigBase):
             ignores it; the Lazy Pre-Norm ops raise ValueError (their filler is ``kernels_tlx.lazy_prenorm``'s
             ``TilingConfig.FILL_IDLE_SMS``). See "FILL_IDLE_SMS" in the module docstring.
         FILL_RATE_PCT: with FILL_IDLE_SMS, the filler's throughput per SM in % of this kernel's (1 .. 400): the row
-            split.
+            split. A FILL_RECOMPUTE filler runs the GEMM twice: about 50.
         FILL_RECOMPUTE: with FILL_IDLE_SMS, the filler is the RECOMPUTE_TILES kernel on 2-CTA clusters with
             CLUSTER_SIZE / 2 tiles per CTA (the same columns per cluster: c8 -> c2 x 4 tiles) instead of the
             half-size two-tile cluster (whose 4-CTA clusters do not fit the SMs a c8 grid leaves idle on the H200).
         RECOMPUTE_TILES: ``matmul_rmsnorm`` / ``matmul_layernorm`` only, its own kernel (``_recompute_norm_kernel``):
-            each CTA computes its TILES_PER_CTA (2, 4 or 8) column tiles twice per M-tile, a statistics pass that
-            keeps only the per-row partials and, after the one DSMEM exchange, an output pass that normalizes and
-            stores them. No parked tile: the shared memory of one tile per CTA for any TILES_PER_CTA, at twice the
+            each CTA (CLUSTER_SIZE 1 or 2) computes its TILES_PER_CTA (2 or 4) column tiles twice per M-tile, a
+            statistics pass that keeps only the per-row partials and, after the one DSMEM exchange, an output pass
+            that normalizes and stores them. No parked tile: the shared memory of one tile per CTA, at twice the
             GEMM's work (c2 x 4 tiles covers N = 2048). LayerNorm's statistics are LN_PACKED's (required).
             Excludes every other option. See "RECOMPUTE_TILES" in the module docstring.
 
@@ -564,9 +568,10 @@ class TilingConfig(TilingConfigBase):
         if self.FILL_RECOMPUTE and not self.FILL_IDLE_SMS:
             errors.append("FILL_RECOMPUTE=True applies with FILL_IDLE_SMS=True only")
         if self.RECOMPUTE_TILES:
-            if self.TILES_PER_CTA not in (2, 4, 8) or self.CLUSTER_SIZE > 8:
-                errors.append(f"RECOMPUTE_TILES=True needs TILES_PER_CTA in (2, 4, 8) and CLUSTER_SIZE <= 8, got "
-                              f"TILES_PER_CTA={self.TILES_PER_CTA}, CLUSTER_SIZE={self.CLUSTER_SIZE}")
+            if self.TILES_PER_CTA not in (2, 4) or self.CLUSTER_SIZE > 2:
+                errors.append(f"RECOMPUTE_TILES=True needs TILES_PER_CTA in (2, 4) and CLUSTER_SIZE in (1, 2) (the "
+                              f"sizes built and tested: up to N = 2048 on 2-CTA clusters), got TILES_PER_CTA="
+                              f"{self.TILES_PER_CTA}, CLUSTER_SIZE={self.CLUSTER_SIZE}")
             if not self.LN_PACKED:
                 errors.append("RECOMPUTE_TILES=True needs LN_PACKED=True (its LayerNorm exchange is the packed word)")
             others = [f for f in ("MULTICAST_A", "EPILOGUE_SUBTILE", "STORE_DEFER", "PINGPONG", "EPILOGUE_OVERLAP",
@@ -591,7 +596,9 @@ class TilingConfig(TilingConfigBase):
         """FILL_IDLE_SMS: the filler's config -- CLUSTER_SIZE / 2 with TILES_PER_CTA = 2 (the same columns per
         cluster, so the same BLOCK_N), this config's ring, registers and LN_PACKED (c4_defer_lnpack_fill ->
         c2_t2_lnpack); with FILL_RECOMPUTE the RECOMPUTE_TILES kernel on 2-CTA clusters with CLUSTER_SIZE / 2 tiles
-        each (c8 -> c2_t4_rc_lnpack)."""
+        each (c8 -> c2_t4_rc_lnpack). ValueError without FILL_IDLE_SMS."""
+        if not self.FILL_IDLE_SMS:
+            raise ValueError("fill_config() needs FILL_IDLE_SMS=True (a config with a filler)")
         if self.FILL_RECOMPUTE:  # 2-CTA clusters, C / 2 tiles each, computed twice (c8 -> c2 x 4 tiles)
             return TilingConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K, CLUSTER_SIZE=2,
                                 NUM_STAGES=self.NUM_STAGES, NUM_CONSUMERS=self.NUM_CONSUMERS,
@@ -627,9 +634,9 @@ class TilingConfig(TilingConfigBase):
         against ``metadata.shared`` in tests."""
         ring = self.NUM_STAGES * (self.a_stage_rows * self.BLOCK_K + self.BLOCK_K * block_n) * itemsize
         epilogue = self.BLOCK_M * (block_n // (2 if self.EPILOGUE_SUBTILE else 1)) * itemsize
-        if self.RECOMPUTE_TILES:  # packed 64-bit exchange words for either norm; 1 KB of scratch (the whole-tile
-            nstat = 2  # affine's layout conversion)
-            epilogue += 1024
+        if self.RECOMPUTE_TILES:
+            nstat = 2  # packed 64-bit exchange words for either norm
+            epilogue += 1024  # scratch of the whole-tile affine's layout conversion
         if self.STORE_DIRECT:
             # stored from registers (TILES_PER_CTA = 2 keeps the parked buffer); 1 KB for the compiler's small
             # scratch (the affine vectors' layout conversion)
@@ -1819,12 +1826,13 @@ def _multi_cta_norm_kernel(
 
 
 @triton.jit
-def _rc_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid: tl.constexpr, k_tiles, K,
+def _recompute_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid: tl.constexpr, k_tiles, K,
                  NUM_STAGES: tl.constexpr):
-    """RECOMPUTE_TILES: one consumer's K loop over ring steps ``it ...`` into the fp32 accumulator ``acc``, restarted
-    at 0 in its registers (a select on the run-time-false ``K < 0``, as the two-tile kernel does: with a zero
-    constant per tile ptxas spills), ``async_dot_wait(1)`` pipelining, each slot released one step late, the last
-    after the drain. Returns ``(acc, it)``."""
+    """RECOMPUTE_TILES: consumer ``cid``'s K loop (``k_tiles`` steps) over ring steps ``it, it + 1, ...`` (``it``:
+    the ring-step counter, in step with the producer's) into ``acc``, its fp32 [64, BLOCK_N] wgmma accumulator,
+    restarted at 0 in its registers (a select on the run-time-false ``K < 0``, as the two-tile kernel does: with a
+    zero constant per tile ptxas spills); ``async_dot_wait(1)`` pipelining, each slot released one step late, the
+    last after the drain. Returns ``(acc, it)`` with ``it`` advanced by ``k_tiles``."""
     acc = tl.where(K < 0, acc, 0.0)
     s_prev = 0
     for ki in range(0, k_tiles):
@@ -1893,6 +1901,10 @@ def _recompute_norm_kernel(
         slots = tlx.local_alloc((BM_C, ), tl.int64, 2 * NUM_CONSUMERS * C)
         recv_bars = tlx.alloc_barriers(num_barriers=2 * NUM_CONSUMERS, arrive_count=1)
     out_bufs = tlx.local_alloc((BM_C, BLOCK_N), tlx.dtype_of(c_desc), NUM_CONSUMERS)
+    if C > 1:
+        # make the mbarrier inits visible cluster-wide (peers complete transactions on recv_bars); the rendezvous is
+        # the first statement of every task, as in _multi_cta_norm_kernel
+        tlx.fence_mbarrier_init_cluster()
 
     with tlx.async_tasks():
         # ---------------------------------------------------------------- producer: TMA loads, both passes
@@ -1947,7 +1959,8 @@ def _recompute_norm_kernel(
                 off_cm = pid_m * BLOCK_M + cid * BM_C
                 # statistics pass: this CTA's per-row partials over its TILES tiles (a tile wholly past N adds 0);
                 # the first tile, then the others in a loop (not unrolled: ptxas spilled the unrolled K loops)
-                acc, it = _rc_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K, NUM_STAGES)
+                acc, it = _recompute_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K,
+                                              NUM_STAGES)
                 if NORM == "rms":
                     p0 = tl.sum(acc * acc, axis=1)
                     p1 = p0
@@ -1955,8 +1968,8 @@ def _recompute_norm_kernel(
                     n_acc = tl.minimum(N - off_n, BLOCK_N)  # >= 1 (TilingConfig.block_n)
                     p0, p1 = _ln_partials(acc, off_n, N, n_acc, BM_C, BLOCK_N, EVEN_N)
                 for j in range(1, TILES):
-                    acc, it = _rc_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K,
-                                           NUM_STAGES)
+                    acc, it = _recompute_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K,
+                                                  NUM_STAGES)
                     if NORM == "rms":
                         p0 += tl.sum(acc * acc, axis=1)
                         p1 = p0
@@ -1996,8 +2009,8 @@ def _recompute_norm_kernel(
                 # output pass: each tile again, normalized (one FMA per element) and stored
                 live = off_cm < M
                 for j in range(0, TILES):
-                    acc, it = _rc_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K,
-                                           NUM_STAGES)
+                    acc, it = _recompute_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K,
+                                                  NUM_STAGES)
                     off_j = off_n + j * BLOCK_N
                     if NORM == "rms":
                         y = acc * rstd[:, None]
@@ -2260,7 +2273,8 @@ def _run(a, b, weight, bias, eps, norm: str, config, ln_vectors=None):
     if cfg.FILL_IDLE_SMS and norm in ("rms", "layer"):
         return _run_filled(a, b, weight, bias, eps, norm, cfg)
     if cfg.FILL_IDLE_SMS and norm == "none":  # matmul_cluster: this schedule's GEMM, without the filler
-        cfg = TilingConfig.from_dict({**cfg.to_dict(), "FILL_IDLE_SMS": False, "FILL_RATE_PCT": 100})
+        cfg = TilingConfig.from_dict({**cfg.to_dict(), "FILL_IDLE_SMS": False, "FILL_RATE_PCT": 100,
+                                      "FILL_RECOMPUTE": False})
     (M, N, K), bn, outs, args, kwargs = _prepare(a, b, weight, bias, eps, norm, cfg, need_cuda=True,
                                                  ln_vectors=ln_vectors)
     avail = None
@@ -2287,15 +2301,33 @@ def _warn_no_fill() -> None:
                   "runs: the cluster kernel takes all rows", RuntimeWarning, stacklevel=3)
 
 
+def fill_split(cfg: TilingConfig, M: int, clusters_avail: int | None, num_sms: int) -> tuple[int, int]:
+    """FILL_IDLE_SMS: ``(m_fill, fill_clusters)`` for M rows: the persistent cluster grid holds ``busy =
+    clusters_avail * CLUSTER_SIZE`` SMs (also when M has fewer M-tiles: small M runs the cluster kernel alone, as
+    GPU-checked), the filler ``fill_clusters = (num_sms - busy) // fill_config().CLUSTER_SIZE`` clusters, and gets
+    the last ``m_fill = fill_rows(M, busy, used, FILL_RATE_PCT, BLOCK_M)`` rows (``used``: the SMs of those
+    clusters). ``(0, 0)`` without an occupancy figure, idle SMs or BLOCK_M rows for the filler."""
+    if not clusters_avail:
+        return 0, 0
+    fcfg = cfg.fill_config()
+    busy = clusters_avail * cfg.CLUSTER_SIZE
+    fill_clusters = max(num_sms - busy, 0) // fcfg.CLUSTER_SIZE
+    used = fill_clusters * fcfg.CLUSTER_SIZE
+    m_fill = _lp.fill_rows(M, busy, used, cfg.FILL_RATE_PCT, cfg.BLOCK_M)
+    return (m_fill, fill_clusters) if m_fill > 0 else (0, 0)
+
+
 def _run_filled(a, b, weight, bias, eps, norm: str, cfg: TilingConfig):
     """FILL_IDLE_SMS (``TilingConfig``): this cluster kernel on the first rows, with ``griddepcontrol.
-    launch_dependents`` at its start (``PDL_TRIGGER``), and the ``cfg.fill_config()`` kernel (half the cluster, two
-    tiles per CTA) on the last ``fill_rows`` rows as its programmatic dependent grid (``launch_pdl``: it starts
-    once every CTA of this grid is resident, so its clusters take the SMs this grid leaves, and it needs none of
-    its output), one cluster per ``fill_config().CLUSTER_SIZE`` idle SMs; both write row blocks of the same y /
-    mean / rstd. The filler's producer ends with ``griddepcontrol.wait`` (``PDL_WAIT_END``): it completes only
-    after this grid. Without idle SMs or with fewer than BLOCK_M filler rows, this kernel takes all rows. Same
-    validation and errors as without the option."""
+    launch_dependents`` at its start (``PDL_TRIGGER``), and the ``cfg.fill_config()`` kernel (half the cluster with
+    two tiles per CTA; FILL_RECOMPUTE: 2-CTA clusters of the RECOMPUTE_TILES kernel) on the last rows
+    (``fill_split``) as its programmatic dependent grid (``launch_pdl``: it starts once every CTA of this grid is
+    resident, so its clusters take the SMs this grid leaves, and it needs none of its output), one cluster per
+    ``fill_config().CLUSTER_SIZE`` idle SMs; both write row blocks of the same y / mean / rstd. The filler's
+    producer ends with ``griddepcontrol.wait`` (``PDL_WAIT_END``): it completes only after this grid. Without idle
+    SMs or with fewer than BLOCK_M filler rows, this kernel takes all rows; so it does, with a RuntimeWarning, when
+    the occupancy query fails. Returns ``(y, mean or None, rstd)`` as the public op; same validation and errors as
+    without the option."""
     (M, N, K), _, outs, args, kwargs = _prepare(a, b, weight, bias, eps, norm, cfg, need_cuda=True)
     C = cfg.CLUSTER_SIZE
     kwargs["PDL_TRIGGER"] = True
@@ -2303,11 +2335,8 @@ def _run_filled(a, b, weight, bias, eps, norm: str, cfg: TilingConfig):
     avail = _max_active_clusters(ck, C, a.device) or 0
     if not avail:
         _warn_no_fill()
-    busy = avail * C
-    idle = _num_sms(a.device) - busy
     fcfg = cfg.fill_config()
-    fill_clusters = idle // fcfg.CLUSTER_SIZE
-    m_fill = _lp.fill_rows(M, busy, idle, cfg.FILL_RATE_PCT, cfg.BLOCK_M) if fill_clusters > 0 else 0
+    m_fill, fill_clusters = fill_split(cfg, M, avail, _num_sms(a.device))
     m_c = M - m_fill
     y, mean, rstd = outs
     if m_fill > 0:
@@ -2347,6 +2376,7 @@ def matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None
             rows), non-CUDA tensors, eps not a finite number > 0 (None too), a config that cannot serve N
             (``TilingConfig.block_n``: N larger than the cluster can cover); ``normfuse.tiling.ConfigError`` for
             an invalid config (e.g. an unsupported CLUSTER_SIZE). y may exceed 2^31 elements (TMA coordinates).
+        RuntimeWarning (a warning, not raised): FILL_IDLE_SMS without an occupancy figure (no filler runs).
 
     Sources: PyTorch blog "Towards Free Normalization" (multi-CTA norm fusion),
     https://pytorch.org/blog/towards-free-normalization-fusing-normalization-into-gemm-and-attention-kernels/ ;
@@ -2652,6 +2682,10 @@ def _self_check(argv=None) -> int:
                 occ = guarded(lambda: cluster_occupancy(cfg, N))
                 print(f"[info] {name}: {occ} co-resident clusters of {cfg.CLUSTER_SIZE} "
                       f"(persistent={cfg.PERSISTENT})", flush=True)
+            if cfg.FILL_IDLE_SMS:  # the split the runs below make (the filler's rows are the last m_fill)
+                m_fill, n_fill = fill_split(cfg, M, occ, _num_sms(torch.device(_DEVICE)))
+                print(f"[info] {name} M={M} N={N}: rows {M - m_fill} + filler {m_fill} on {n_fill} clusters of "
+                      f"{cfg.fill_config().CLUSTER_SIZE}", flush=True)
             for variant in _spec.VARIANTS:
                 for affine in ((False,) if args.no_affine else (False, True)):
                     eps = _EPS[variant]
@@ -2704,6 +2738,9 @@ def _self_check(argv=None) -> int:
                     if not cfg.supports(N):
                         continue
                     t_f = bench(f"tlx fused {variant} [{name}]", lambda: call(variant, inp, eps, cfg))
+                    if cfg.RECOMPUTE_TILES:  # (no GEMM of its own: matmul_cluster refuses it)
+                        print(f"{'':40s} hidden_dsl {100 * (t_gemm + t_norm - t_f) / t_norm:6.1f}%", flush=True)
+                        continue
                     t_cg = bench(f"tlx cluster gemm (no norm) [{name}]", lambda: matmul_cluster(a, b, config=cfg))
                     best_gemm = min(t_gemm, t_cublas)
                     t_same = min(t_gemm, t_cg)  # vs the better of the DSL GEMM and this schedule's own GEMM

@@ -74,8 +74,12 @@ def test_recompute_configs_and_validation():
         cfg = km.SHIPPED_CONFIGS[name]
         assert cfg.RECOMPUTE_TILES and (cfg.CLUSTER_SIZE, cfg.TILES_PER_CTA) == (C, T) and cfg.block_n(N) == 256
         assert not cfg.supports(2 * N), name
-    with pytest.raises(ValueError, match=r"RECOMPUTE_TILES=True needs TILES_PER_CTA in \(2, 4, 8\)"):
-        km.TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=3, LN_PACKED=True, RECOMPUTE_TILES=True)
+    for bad in (dict(CLUSTER_SIZE=2, TILES_PER_CTA=3), dict(CLUSTER_SIZE=2, TILES_PER_CTA=8),
+                dict(CLUSTER_SIZE=4, TILES_PER_CTA=4)):  # only the sizes built and tested
+        with pytest.raises(ValueError, match=r"RECOMPUTE_TILES=True needs TILES_PER_CTA in \(2, 4\) and CLUSTER_SIZE"):
+            km.TilingConfig(**bad, LN_PACKED=True, RECOMPUTE_TILES=True)
+    with pytest.raises(ValueError, match=r"fill_config\(\) needs FILL_IDLE_SMS=True"):
+        km.SHIPPED_CONFIGS["c4_defer_lnpack"].fill_config()
     with pytest.raises(ValueError, match="RECOMPUTE_TILES=True needs LN_PACKED=True"):
         km.TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=4, RECOMPUTE_TILES=True)
     with pytest.raises(ValueError, match="RECOMPUTE_TILES=True excludes STORE_DEFER, PINGPONG"):
@@ -105,7 +109,9 @@ for name, N, K, affine in json.loads(sys.argv[1]):
         r = km.compile_sm90(op, a, b, config=km.SHIPPED_CONFIGS[name], affine=affine, ptxas=True)
         out[f"{name}/{op}/{N}/{int(affine)}"] = dict(spills=r["ptxas"]["spill_stores"], shared=r["shared_bytes"],
                                                     est=r["smem_estimate"], markers=r["ptx_markers"],
-                                                    st_async=r["ptx_extra"]["st_async_b64"], bn=r["block_n"])
+                                                    st_async=r["ptx_extra"]["st_async_b64"], bn=r["block_n"],
+                                                    fence=r["ptx_extra"]["fence_mbarrier_init"],
+                                                    tx=r["expect_tx_bytes"])
 print(json.dumps(out))
 """
 
@@ -124,7 +130,10 @@ def test_recompute_kernel_compiles():
         assert v["spills"] == 0, (key, v)
         assert v["shared"] <= km.SMEM_LIMIT_BYTES and 0 <= v["est"] - v["shared"] <= 4096, (key, v)
         assert v["markers"]["wgmma"] > 0 and v["markers"]["tma_load"] > 0, (key, v)
-        assert (v["st_async"] > 0) == (km.SHIPPED_CONFIGS[name].CLUSTER_SIZE > 1), (key, v)
+        C = km.SHIPPED_CONFIGS[name].CLUSTER_SIZE
+        assert (v["st_async"] > 0) == (C > 1) and v["fence"] == (C > 1), (key, v)  # the cluster-wide barrier init
+        # the ring stage (A of both consumers + the B tile) and, with a peer, its 64 packed words per consumer
+        assert (128 * 64 + 64 * v["bn"]) * 2 in v["tx"] and ((64 * 8 * (C - 1)) in v["tx"]) == (C > 1), (key, v)
 
 
 def test_both_kernels_must_serve_n():
@@ -228,6 +237,21 @@ def test_recompute_filler_of_the_c8_grid(recorded):
     assert fill["y"] == y[M - m_fill:].data_ptr() and fill["mean"] == mean[M - m_fill:].data_ptr()
 
 
+def test_fill_split():
+    """The H200's grids: c4 / c8 hold 120 SMs (30 / 15 clusters), the filler the other 12 as 6 clusters of 2 (or 3
+    of 4: c8's two-tile c4 filler); the split follows lazy_prenorm.fill_rows over the SMs the filler uses."""
+    c4, c8, rc = (km.SHIPPED_CONFIGS[n] for n in ("c4_defer_lnpack_fill90", "c8_defer_lnpack_fill",
+                                                  "c8_defer_lnpack_fill_rc50"))
+    assert km.fill_split(c4, 262144, 30, 132) == (lp.fill_rows(262144, 120, 12, 90, 128), 6)
+    assert km.fill_split(c8, 262144, 15, 132) == (lp.fill_rows(262144, 120, 12, 100, 128), 3)
+    assert km.fill_split(rc, 262144, 15, 132) == (lp.fill_rows(262144, 120, 12, 50, 128), 6) == (12416, 6)
+    assert km.fill_split(c4, 262144, 30, 131) == (lp.fill_rows(262144, 120, 10, 90, 128), 5)  # an odd idle SM: unused
+    assert km.fill_split(c4, 262144, None, 132) == (0, 0) == km.fill_split(c4, 262144, 33, 132)
+    assert km.fill_split(c4, 1000, 30, 132) == (0, 0)  # fewer than BLOCK_M rows for the filler
+    # the split assumes the whole persistent grid busy, also for few M-tiles (as GPU-checked: M <= 1000 unsplit)
+    assert km.fill_split(c4, 2048, 30, 132) == (lp.fill_rows(2048, 120, 12, 90, 128), 6) == (128, 6)
+
+
 def test_no_split_without_idle_sms_or_rows(recorded):
     rec, mp = recorded
     cfg = km.SHIPPED_CONFIGS["c4_defer_lnpack_fill"]
@@ -251,15 +275,14 @@ compile_only.install(90)
 from kernels_tlx import multi_cta as km
 a = torch.empty(4096, 512, dtype=torch.bfloat16)
 out = {}
-for name, N in (("c4_defer_lnpack_fill", 1024), ("c8_defer_lnpack_fill", 2048)):
+for name, N in (("c4_defer_lnpack_fill", 1024), ("c8_defer_lnpack_fill", 2048), ("c8_defer_lnpack_fill_rc50", 2048)):
     b = torch.empty(512, N, dtype=torch.bfloat16)
     cfg = km.SHIPPED_CONFIGS[name]
     for role, c, flag, marker in (("main", cfg, "PDL_TRIGGER", "griddepcontrol.launch_dependents"),
                                   ("fill", cfg.fill_config(), "PDL_WAIT_END", "griddepcontrol.wait")):
         *_, args, kw = km._prepare(a, b, None, None, 1e-5, "layer", c, need_cuda=False)
         for on in (False, True):
-            ptx = km._multi_cta_norm_kernel.warmup(*args, grid=(c.CLUSTER_SIZE,), **kw,
-                                                   **({flag: True} if on else {})).asm["ptx"]
+            ptx = km._kernel(c).warmup(*args, grid=(c.CLUSTER_SIZE,), **kw, **({flag: True} if on else {})).asm["ptx"]
             out[f"{name}/{role}/{on}"] = ptx.count(marker)
 print(json.dumps(out))
 """
@@ -267,6 +290,6 @@ print(json.dumps(out))
 
 def test_pdl_instructions_compile():
     r = run_python_json(_SCRIPT, timeout=600)
-    for name in ("c4_defer_lnpack_fill", "c8_defer_lnpack_fill"):
+    for name in ("c4_defer_lnpack_fill", "c8_defer_lnpack_fill", "c8_defer_lnpack_fill_rc50"):
         for role in ("main", "fill"):
             assert (r[f"{name}/{role}/False"], r[f"{name}/{role}/True"]) == (0, 1), (name, role, r)
