@@ -2,13 +2,13 @@
 that a programmatic dependent grid launched behind a persistent cluster grid lands on the SMs that grid leaves idle,
 and the README infers from timings that on the H200 2-CTA filler clusters fit those SMs while 4-CTA ones do not.
 This probe reads it directly. A *primary* grid of ``C``-CTA clusters (as many as are co-resident, each CTA holding
-~200 KB of shared memory, so one CTA per SM like the fused kernels) triggers ``griddepcontrol.launch_dependents``
+144 KB of shared memory, so one CTA per SM like the fused kernels) triggers ``griddepcontrol.launch_dependents``
 at its start and spins for ``--spin-us``; a *filler* grid of ``C_fill``-CTA clusters, launched with ``launch_pdl``
 on the same stream, spins briefly. Every CTA records its SM (``%smid``) and its start / end (``%globaltimer``, ns).
 Per (C, C_fill) pair the probe reports the SMs each grid used, whether they overlap, and how many filler clusters
 started before the first primary CTA ended (side by side) rather than after it (serialized). GPU only:
 
-    python -m tools.cluster_fill_probe --out DIR [--pairs 4:2 8:2 8:4] [--spin-us 300]
+    python -m tools.cluster_fill_probe --out DIR [--pairs 4:2 8:2 8:4 4:1] [--spin-us 300]
 
 from the repository root with the TLX environment on the path. Writes DIR/probe.json and prints a table."""
 
