@@ -152,13 +152,10 @@ def ws_stage_errors(BLOCK_K: int, NUM_STAGES: int) -> list[str]:
     return errors
 
 
-def tiles_per_cta_errors(TILES_PER_CTA: int, CLUSTER_SIZE: int, recompute: bool = False, **flags: bool) -> list[str]:
+def tiles_per_cta_errors(TILES_PER_CTA: int, CLUSTER_SIZE: int, **flags: bool) -> list[str]:
     """Limits of ``kernels_tlx.multi_cta``'s TILES_PER_CTA option (two column tiles per CTA), shared by its
     TilingConfig and this module's cluster form (which builds that config only at the first call); ``flags``: the
-    config's PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER values; ``recompute``: multi_cta's
-    RECOMPUTE_TILES (no parked tile: 2, 4 or 8 tiles, checked there). One message per violated limit."""
-    if recompute:
-        return []
+    config's PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER values. One message per violated limit."""
     if TILES_PER_CTA not in (1, 2):
         return [f"TILES_PER_CTA={TILES_PER_CTA} must be 1 or 2 (more tiles per CTA are not implemented; at "
                 "BLOCK_N = 256 two parked tiles would not fit beside the ring in 227 KB)"]
@@ -1376,11 +1373,7 @@ def _run_filled(a, b, eps, cfg: TilingConfig, ln_vectors):
     # occupancy from its build
     (M, N, K), _, (y, _, _), args, kwargs = km._prepare(a, b, None, None, eps, norm, mcfg, need_cuda=True,
                                                         ln_vectors=ln_vectors)
-    kwargs["PDL_TRIGGER"] = True
-    ck = km._multi_cta_norm_kernel.warmup(*args, grid=(mcfg.CLUSTER_SIZE, ), **kwargs)
-    avail = km._max_active_clusters(ck, mcfg.CLUSTER_SIZE, a.device) or 0
-    if not avail:
-        km._warn_no_fill()
+    avail = km._pdl_primary_clusters(args, kwargs, mcfg.CLUSTER_SIZE, a.device)
     busy = avail * mcfg.CLUSTER_SIZE
     idle = _num_sms(a.device) - busy
     m_fill = fill_rows(M, busy, idle, cfg.FILL_RATE_PCT, cfg.BLOCK_M)

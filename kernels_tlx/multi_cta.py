@@ -523,10 +523,10 @@ class TilingConfig(TilingConfigBase):
                               f"{self.NUM_CONSUMERS}")
             if self.MULTICAST_A:
                 errors.append("PINGPONG=True with MULTICAST_A=True is not implemented")
-        errors += _lp.tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, recompute=self.RECOMPUTE_TILES,
-                                           PINGPONG=self.PINGPONG,
-                                           MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE,
-                                           STORE_DEFER=self.STORE_DEFER)
+        if not self.RECOMPUTE_TILES:  # (its tiles are not parked: its own limits, below)
+            errors += _lp.tiles_per_cta_errors(self.TILES_PER_CTA, self.CLUSTER_SIZE, PINGPONG=self.PINGPONG,
+                                               MULTICAST_A=self.MULTICAST_A, EPILOGUE_SUBTILE=self.EPILOGUE_SUBTILE,
+                                               STORE_DEFER=self.STORE_DEFER)
         if self.EPILOGUE_OVERLAP:
             errors += self._conflicts("EPILOGUE_OVERLAP", {
                 "PINGPONG": "not implemented (the deferred epilogue rides on the cooperative mainloop)",
@@ -2292,13 +2292,20 @@ def _run(a, b, weight, bias, eps, norm: str, config, ln_vectors=None):
     return outs
 
 
-def _warn_no_fill() -> None:
-    """FILL_IDLE_SMS without an occupancy figure (``cuOccupancyMaxActiveClusters`` failed): the idle SMs are not
-    known, so the cluster kernel runs alone on all rows (one cluster per M-tile); said once per process."""
+def _pdl_primary_clusters(args, kwargs, C: int, device: torch.device) -> int:
+    """FILL_IDLE_SMS (both fillers: ``_run_filled`` here and in ``kernels_tlx.lazy_prenorm``): set ``PDL_TRIGGER``
+    in the cluster kernel's launch ``kwargs`` and return that build's co-resident clusters of C. Without an
+    occupancy figure (``cuOccupancyMaxActiveClusters`` failed) the idle SMs are not known: 0, with a RuntimeWarning
+    (the cluster kernel then runs alone on all rows, one cluster per M-tile)."""
     import warnings
 
-    warnings.warn("FILL_IDLE_SMS: the co-resident cluster count is unknown (occupancy query failed), so no filler "
-                  "runs: the cluster kernel takes all rows", RuntimeWarning, stacklevel=3)
+    kwargs["PDL_TRIGGER"] = True
+    ck = _multi_cta_norm_kernel.warmup(*args, grid=(C, ), **kwargs)
+    avail = _max_active_clusters(ck, C, device) or 0
+    if not avail:
+        warnings.warn("FILL_IDLE_SMS: the co-resident cluster count is unknown (occupancy query failed), so no "
+                      "filler runs: the cluster kernel takes all rows", RuntimeWarning, stacklevel=4)
+    return avail
 
 
 def fill_split(cfg: TilingConfig, M: int, clusters_avail: int | None, num_sms: int) -> tuple[int, int]:
@@ -2329,12 +2336,7 @@ def _run_filled(a, b, weight, bias, eps, norm: str, cfg: TilingConfig):
     the occupancy query fails. Returns ``(y, mean or None, rstd)`` as the public op; same validation and errors as
     without the option."""
     (M, N, K), _, outs, args, kwargs = _prepare(a, b, weight, bias, eps, norm, cfg, need_cuda=True)
-    C = cfg.CLUSTER_SIZE
-    kwargs["PDL_TRIGGER"] = True
-    ck = _multi_cta_norm_kernel.warmup(*args, grid=(C, ), **kwargs)
-    avail = _max_active_clusters(ck, C, a.device) or 0
-    if not avail:
-        _warn_no_fill()
+    avail = _pdl_primary_clusters(args, kwargs, cfg.CLUSTER_SIZE, a.device)
     fcfg = cfg.fill_config()
     m_fill, fill_clusters = fill_split(cfg, M, avail, _num_sms(a.device))
     m_c = M - m_fill
