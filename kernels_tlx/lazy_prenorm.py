@@ -100,8 +100,8 @@ so on the H200 a persistent c4 / c8 grid occupies 120 of the 132 SMs. With the o
 first rows and lets a programmatic dependent grid start as soon as all its CTAs are resident
 (``griddepcontrol.launch_dependents``); that grid is this module's REUSE_RSTD kernel on the last ``fill_rows`` rows,
 one CTA per idle SM, writing its row block of the same output and reading nothing the cluster kernel writes.
-Measured on the H200 (README, "The SMs the cluster grid leaves idle"): +21-26 points of hidden_dsl at N = 1024 and
-+48-71 at N = 2048 for RMSNorm, +18-30 for LayerNorm at N = 1024.
+Measured on the H200 (docs/results/lazy_prenorm.md, "The SMs the cluster grid leaves idle"): +21-26 points of
+hidden_dsl at N = 1024 and +48-71 at N = 2048 for RMSNorm, +18-30 for LayerNorm at N = 1024.
 
 Sources:
 

@@ -138,7 +138,7 @@ per CTA needs the STORE_DEFER buffer only; two need 128 KB of parked tiles, whic
 ``BLOCK_K = 32`` ring only (``c2_t2_ovl_lnpack``; ``c2_t2_bk32_lnpack`` is the same ring without the overlap).
 RMSNorm and LayerNorm (LN_PACKED); not PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / Lazy Pre-Norm. Measured on the
 H200 it is slower than the immediate epilogue (the parked form's extra shared-memory passes cost more than the
-mainloop hides: README, "EPILOGUE_OVERLAP"); ``PROBE_OVL`` is the ablation constexpr of
+mainloop hides: docs/results/multi_cta.md, "EPILOGUE_OVERLAP"); ``PROBE_OVL`` is the ablation constexpr of
 ``tools/multi_cta_overlap_probe.py``.
 
 **STORE_DIRECT** (``TilingConfig.STORE_DIRECT``; ``c*_direct*``). The normalized register tile goes to global memory
@@ -152,7 +152,7 @@ two tiles keep the parked buffer, whose chunks are stored (coalesced ``tl.store`
 normalized in, so the parked tile crosses shared memory twice instead of four times. RMSNorm, LayerNorm and
 ``matmul_cluster``; not PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP / Lazy Pre-Norm.
 Measured on the H200 it is slower than the staged TMA store, by 46-127 points of the norm's time at N = 1024
-(README, "STORE_DIRECT"): kept opt-in, as the record of that result.
+(docs/results/multi_cta.md, "STORE_DIRECT"): kept opt-in, as the record of that result.
 
 **FILL_IDLE_SMS** (``TilingConfig.FILL_IDLE_SMS``; ``c*_defer_lnpack_fill*``). A GPC holds only whole clusters, so
 the persistent c4 / c8 grids hold 120 of the H200's 132 SMs, while the two-tile c2 kernel fills all 132 (66
@@ -169,7 +169,7 @@ of y / mean / rstd. Each row is computed by one kernel only, so the last ``m_fil
 GPU's SM count and occupancy (bitwise repeatable on one GPU). ``_run_filled``; the Lazy Pre-Norm form of the idea is
 in ``kernels_tlx.lazy_prenorm`` (its filler is a one-CTA kernel). Whether the filler's clusters fit the idle SMs is
 the hardware's: a filler cluster that does not fit waits for a cluster CTA to exit (correct, but late: measured for
-c8's 4-CTA filler, README).
+c8's 4-CTA filler, docs/results/multi_cta.md).
 
 **RECOMPUTE_TILES** (``TilingConfig.RECOMPUTE_TILES``; ``c*_rc*``; its own kernel, ``_recompute_norm_kernel``). The
 filler of a c8 grid must run on the pairs of SMs it leaves idle, i.e. on 2-CTA clusters covering N = 2048: four
@@ -182,21 +182,21 @@ the GEMM's work, one tile's shared memory. RMSNorm and LayerNorm only, none of t
 the GPU (compile-checked on the CPU only): ``python -m kernels_tlx.multi_cta --quick --no-bench --config
 c2_t4_rc_lnpack`` is its first check.
 
-**STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200 (README,
-"Where the statistic's time goes") counted the statistic of the c2 cluster form at K = 2048 as 65 % more warp
-instructions than its GEMM: at each K step a CTA owns, the row sum of the squared [64, 64] A slice ends in 3
+**STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200
+(docs/results/lazy_prenorm.md, "Where the statistic's time goes") counted the statistic of the c2 cluster form at
+K = 2048 as 65 % more warp instructions than its GEMM: at each K step a CTA owns, the row sum of the squared [64, 64] A slice ends in 3
 shuffle + add levels per row (12 SHFL per warp), on top of the 4 shared loads, the widening of 32 bf16 values (48
-instructions) and 32 FMAs. Measured (README): +5-14 points for c2 at N = 512, +3-15 for the two-tile c2 at
-N = 1024, about +1 for c4, and -1 to -6 for c8 (not profiled). **STATS_UNPACK_ASM**
+instructions) and 32 FMAs. Measured (docs/results/lazy_prenorm.md): +5-14 points for c2 at N = 512, +3-15 for the
+two-tile c2 at N = 1024, about +1 for c4, and -1 to -6 for c8 (not profiled). **STATS_UNPACK_ASM**
 widens each packed bf16 pair with inline-PTX ``shl.b32`` / ``and.b32`` (``_widen_bf16``) instead of the compiler's
 PRMT + 2 IMAD.U32: +0-1 point at N = 512, +2.6-3.5 at N = 1024 (RMSNorm), +3.3-4.1 for Lazy LayerNorm's c2. With the option the
 squares accumulate elementwise in a [64, BLOCK_K] fp32 register tile carried through the K loop (and through both
 tiles' loops with TILES_PER_CTA = 2), and one ``tl.sum`` per M-tile reduces it; Lazy LayerNorm carries two such
 tiles (the shifted ``y`` and ``y^2``).
 
-**LN_RANK1_MMA** (``TilingConfig.LN_RANK1_MMA``; Lazy Pre-Norm LayerNorm). Profiled on the H200 (README, "The
-rank-1 correction as a wgmma"), the LayerNorm cluster kernel ran 1.33x the RMSNorm one's cycles at (K, N) = (512,
-1024), and about half of the difference was its fp32 epilogue ``acc * rstd - rm * colsum + beta_b``, with the two
+**LN_RANK1_MMA** (``TilingConfig.LN_RANK1_MMA``; Lazy Pre-Norm LayerNorm). Profiled on the H200
+(docs/results/lazy_prenorm_ln.md, "The rank-1 correction as a wgmma"), the LayerNorm cluster kernel ran 1.33x the
+RMSNorm one's cycles at (K, N) = (512, 1024), and about half of the difference was its fp32 epilogue ``acc * rstd - rm * colsum + beta_b``, with the two
 vectors loaded per column quarter and tile. The option adds ``A_ext @ B_ext = -mean ⊗ colsum + (1/rstd) ⊗ beta_b`` to the
 accumulator with one more m64 k16 wgmma per tile, as ``kernels_tlx.lazy_prenorm`` does in its LN_EPILOGUE_MMA
 epilogue (``_lp._ln_a_ext`` / ``_lp._ln_b_ext``: input-dtype splits). B_ext depends only on the rank's columns, so
@@ -219,15 +219,15 @@ four warps otherwise only issue TMA loads (one thread does), reads this CTA's st
 A slices from the ring, ``NUM_STAGES - 1`` steps behind its loads (``_producer_with_sumsq``: row sums, no
 elementwise tile, with the registers the consumers leave), and hands each M-tile's partials to the consumers
 through ``ss_bufs`` (two sets, ``ss_full`` / ``ss_empty``), where the exchange below completes them. Measured on
-the H200 (README, "The statistic in the producer warpgroup"): 26-64 points of hidden_dsl slower than the statistic
-in the consumers; the producer's one instruction stream now paces the ring's loads. A negative result, kept
-opt-in.
+the H200 (docs/results/lazy_prenorm.md, "The statistic in the producer warpgroup"): 26-64 points of hidden_dsl slower
+than the statistic in the consumers; the producer's one instruction stream now paces the ring's loads. A negative
+result, kept opt-in.
 **LN_SHIFT_SMEM** reads the shift ``A[:, 0]`` from the tile's first A slice in shared memory, at the first K step
 and after that step's wgmma is issued, instead of from global memory before the K loop. The profile of the c4 kernel
 with LN_RANK1_MMA at (K, N) = (512, 1024) put about 4 % of the consumer warps' samples on the shift's global load
 (long-scoreboard stalls at its bf16 widening). The same values, so the same results (a GPU test asserts it).
-Measured slower on the H200 (README, "The shift from shared memory"): the column's extraction and the shift's layout
-conversions cost more than the load's latency did. Kept opt-in, as LN_SHIFT_PREFETCH.
+Measured slower on the H200 (docs/results/lazy_prenorm_ln.md, "The shift from shared memory"): the column's
+extraction and the shift's layout conversions cost more than the load's latency did. Kept opt-in, as LN_SHIFT_PREFETCH.
 
 **DSMEM exchange protocol** (C > 1; per consumer ``cid`` and per tile ``t`` of this CTA's walk; NB = 2 buffers):
 
@@ -391,8 +391,8 @@ class TilingConfig(TilingConfigBase):
             parked tile's chunks are stored (coalesced) from the registers they are normalized in. One tile per
             CTA frees the staging tile's shared memory (room for NUM_STAGES = 4). The same per-element math and rounding. Not with
             PINGPONG / MULTICAST_A / EPILOGUE_SUBTILE / STORE_DEFER / EPILOGUE_OVERLAP, not Lazy Pre-Norm. Measured
-            slower than the staged store on the H200 (README, "STORE_DIRECT"). See "STORE_DIRECT" in the module
-            docstring.
+            slower than the staged store on the H200 (docs/results/multi_cta.md, "STORE_DIRECT"). See "STORE_DIRECT"
+            in the module docstring.
         STATS_ELEMENTWISE: Lazy Pre-Norm only: the K loop accumulates ``a^2`` (LayerNorm: ``y = a - shift`` and
             ``y^2``) elementwise in [64, BLOCK_K] fp32 register tiles (BLOCK_K / 2 more registers per consumer thread
             and statistic: 32 / 64 at BLOCK_K = 64) and reduces them across threads once per M-tile, instead of a
@@ -418,7 +418,8 @@ class TilingConfig(TilingConfigBase):
         LN_SHIFT_PREFETCH: Lazy Pre-Norm LayerNorm only: each consumer loads the next M-tile's per-row shift
             ``A[:, 0]`` from global memory at the end of this tile's K loop (its latency hides behind the epilogue)
             instead of at the start of the tile, before its first statistic step. The same values. Measured slower on
-            the H200 (README, "LN_RANK1_MMA"): a negative result, kept opt-in. Needs CLUSTER_SIZE > 1.
+            the H200 (docs/results/lazy_prenorm_ln.md, "LN_RANK1_MMA"): a negative result, kept opt-in. Needs
+            CLUSTER_SIZE > 1.
             ``matmul_cluster`` ignores it; the other ops raise ValueError when called.
         STATS_IN_PRODUCER: Lazy Pre-Norm RMSNorm only (``lazy_rmsnorm_matmul``): the producer warpgroup, whose warps
             otherwise only issue the TMA loads, takes this CTA's share of the per-row sum a^2 from the ring (a lagged
@@ -426,13 +427,13 @@ class TilingConfig(TilingConfigBase):
             double-buffered shared memory; the consumers run the plain GEMM loop. The same fp32 terms summed in
             another order. Needs CLUSTER_SIZE > 1 and NUM_CONSUMERS = 2; excludes STATS_ELEMENTWISE, MULTICAST_A,
             PINGPONG, EPILOGUE_OVERLAP, STORE_DIRECT. The producer gets the registers the consumers leave
-            (88 at CONSUMER_REGS = 208). Measured far slower (README). ``matmul_cluster`` ignores it; the other ops
-            raise ValueError when called. See "STATS_IN_PRODUCER" in the module docstring.
+            (88 at CONSUMER_REGS = 208). Measured far slower (docs/results/lazy_prenorm.md). ``matmul_cluster``
+            ignores it; the other ops raise ValueError when called. See "STATS_IN_PRODUCER" in the module docstring.
         LN_SHIFT_SMEM: Lazy Pre-Norm LayerNorm only: each consumer reads its rows' shift ``A[:, 0]`` from the M-tile's
             first A slice in shared memory, at the first K step after its wgmma is issued, instead of loading it from
             global memory before the K loop. The same values, so the same results. Needs CLUSTER_SIZE > 1; excludes
-            LN_SHIFT_PREFETCH. Measured slower (README, "The shift from shared memory"). ``matmul_cluster``
-            ignores it; the other ops raise ValueError when called.
+            LN_SHIFT_PREFETCH. Measured slower (docs/results/lazy_prenorm_ln.md, "The shift from shared memory").
+            ``matmul_cluster`` ignores it; the other ops raise ValueError when called.
 
         FILL_IDLE_SMS: ``matmul_rmsnorm`` / ``matmul_layernorm`` with CLUSTER_SIZE 4 or 8: a GPC holds only whole
             clusters, so the persistent grid leaves SMs idle (12 of the H200's 132 at c4 and c8). With the option
@@ -760,7 +761,7 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     # mainloop. One tile per CTA: the STORE_DEFER shared memory (c4: N = 1024, c8: 2048); two tiles: two parked
     # buffers per consumer (128 KB) leave room for a 3-stage ring of BLOCK_K = 32 only (c2: N = 1024); c1 (no
     # cluster) for the self-check. RMSNorm runs the same kernels without LN_PACKED. Measured slower than the
-    # kernels without it (README, "EPILOGUE_OVERLAP"): kept opt-in, as the record of that result.
+    # kernels without it (docs/results/multi_cta.md, "EPILOGUE_OVERLAP"): kept opt-in, as the record of that result.
     # control: the two-tile kernel on the same BLOCK_K = 32 ring, without the overlap
     "c2_t2_bk32_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, BLOCK_K=32, LN_PACKED=True),
     "c1_ovl": TilingConfig(CLUSTER_SIZE=1, LN_PACKED=True, EPILOGUE_OVERLAP=True),
@@ -771,7 +772,7 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     # STORE_DIRECT: the output leaves from registers by st.global, no staging tile and no TMA store. One tile per
     # CTA frees the 64 KB staging buffer: room for a 4-stage ring (_s4); two tiles keep the parked buffer (its
     # chunks are stored from the registers they are normalized in). c1: the self-check only. Measured slower than
-    # the staged kernels (README, "STORE_DIRECT"): kept opt-in, as the record of that result.
+    # the staged kernels (docs/results/multi_cta.md, "STORE_DIRECT"): kept opt-in, as the record of that result.
     "c1_direct": TilingConfig(CLUSTER_SIZE=1, STORE_DIRECT=True),
     "c4_direct_lnpack": TilingConfig(CLUSTER_SIZE=4, LN_PACKED=True, STORE_DIRECT=True),
     "c4_direct_s4_lnpack": TilingConfig(CLUSTER_SIZE=4, NUM_STAGES=4, LN_PACKED=True, STORE_DIRECT=True),

@@ -386,8 +386,8 @@ def verdict(ci_lo: float, ci_hi: float, target: float | None, median: float | No
 
     ``resolution`` (a fraction, e.g. 0.005; needs ``median``) is the harness's relative resolution for a ratio of
     two times: the interval is widened to at least ``median * (1 ± resolution)`` first, so a bootstrap interval
-    narrower than what timing the same kernel twice can tell apart (an A/A twin: README, "The order within a
-    round") decides nothing. Only meaningful for metrics proportional to a ratio of times (``RATIO_METRICS``).
+    narrower than what timing the same kernel twice can tell apart (an A/A twin: docs/measurement.md, "The order
+    within a round") decides nothing. Only meaningful for metrics proportional to a ratio of times (``RATIO_METRICS``).
     Raises ValueError for a ``resolution`` outside [0, 1) (``check_resolution``), or a positive one without a
     finite median."""
     check_resolution(resolution)

@@ -22,8 +22,9 @@ from normfuse import metrics, paired as paired_mod, plots
 from normfuse.techniques import get_technique
 
 BLOG_M = 262144  # the blog's M: its tables are targets only at this M
-# Targets (fractions) the README compares against besides the specs' blog tables; a spec's own ``TARGETS``
-# ({metric: fraction}) wins. Verdicts use them only through ``paired.verdict`` (intervals, never medians alone).
+# Targets (fractions) the results pages (docs/results/) compare against besides the specs' blog tables; a spec's own
+# ``TARGETS`` ({metric: fraction}) wins. Verdicts use them only through ``paired.verdict`` (intervals, never medians
+# alone).
 TARGETS = {
     "fna_llm": {"sdpa_fraction": 0.90,        # "keeps >= 90 % of SDPA's TFLOP/s while doing the norms"
                 "speedup_vs_unfused": 1.0},   # "faster than SDPA + separate norms"

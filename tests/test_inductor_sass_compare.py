@@ -3,7 +3,7 @@ CPU.
 
 1. One cell end to end (RMSNorm 262144 x 1024, in a subprocess: the compile-only driver is process-wide): Inductor's
    captured kernel and our ``per-w1-spec`` / ``per-w1-spec-eps`` / ``per-w1-spec-eps-lean`` compile, the Inductor compile reproduces the
-   README's PTX count (184), the SASS has instructions and 16-byte LDG / STG entries, ``per-w1-spec-eps`` is
+   the norms page's PTX count (184), the SASS has instructions and 16-byte LDG / STG entries, ``per-w1-spec-eps`` is
    identical to Inductor's SASS, ``-lean`` also in its parameter layout (``same_cubin``), ``per-w1-spec`` (runtime
    eps: one ``LDC``) is found different, and the report
    renders its tables.
@@ -53,7 +53,7 @@ def test_compare_cell_rms_1024():
         assert k["stg"]["n"] == 4 and k["stg"]["bytes"] == 64 and k["in_flight"] == 4, k
         assert k["launch"]["rows"] == 1 and k["launch"]["warps"] == 1 and k["launch"]["programs"] == 262144, k
     ind = by["inductor"]
-    assert ind["ptx"] == 184  # README: Inductor's PTX instruction count at RMS 262144 x 1024
+    assert ind["ptx"] == 184  # docs/results/norms.md: Inductor's PTX instruction count at RMS 262144 x 1024
     assert by["per-w1-spec-eps"]["ptx"] == 184 and by["per-w1-spec"]["ptx"] == 185
     assert int(ind["params"]) < int(by["per-w1-spec-eps"]["params"])  # x, y, xnumel, r0_numel + 2 scratch
     assert r["diffs"]["per-w1-spec-eps"]["same_code"] and r["diffs"]["per-w1-spec-eps"]["udiff"] == []

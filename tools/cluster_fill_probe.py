@@ -1,6 +1,7 @@
 """Where do the idle-SM fillers run? FILL_IDLE_SMS (``kernels_tlx.multi_cta``, ``kernels_tlx.lazy_prenorm``) assumes
 that a programmatic dependent grid launched behind a persistent cluster grid lands on the SMs that grid leaves idle,
-and the README infers from timings that on the H200 2-CTA filler clusters fit those SMs while 4-CTA ones do not.
+and docs/results/multi_cta.md infers from timings that on the H200 2-CTA filler clusters fit those SMs while 4-CTA
+ones do not.
 This probe reads it directly. A *primary* grid of ``C``-CTA clusters (as many as are co-resident, each CTA holding
 144 KB of shared memory, so one CTA per SM like the fused kernels) triggers ``griddepcontrol.launch_dependents``
 at its start and spins for ``--spin-us``; a *filler* grid of ``C_fill``-CTA clusters, launched with ``launch_pdl``

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session on the offline H200 host, as used for the committed results (see README "Reproducing").
+# One GPU session on the offline H200 host, as used for the committed results (see docs/reproducing.md).
 # Runs, in order, within a wall-clock budget:
 #   1. TLX self-checks (python -m kernels_tlx.<module> --quick --no-bench, concurrently) as a guard: a TLX config that fails
 #      or hangs there is removed from the tiling file of this working copy before the sweeps (and reported);

@@ -1,8 +1,8 @@
 """Inductor's norm kernels against ours in SASS, compiled for sm_90a on the CPU (issue 13, the narrow cells).
 
 At M = 262144, N in {512, 1024} our best Triton norm kernels read 0.6-1.1 % below torch.compile in the paired runs
-(README, "Code generation matched to Inductor's"), although their PTX instruction counts and registers match
-Inductor's. This tool compiles, per cell (RMSNorm / LayerNorm x N = 512 / 1024, bf16, no affine):
+(docs/results/norms.md, "Code generation matched to Inductor's"), although their PTX instruction counts and registers
+match Inductor's. This tool compiles, per cell (RMSNorm / LayerNorm x N = 512 / 1024, bf16, no affine):
 
 * Inductor's captured kernel (``results/inductor_norms/20261201_h200/<norm>_<M>x<N>.kernel.txt``: first line the
   config its autotuner kept, then the kernel's Python source without decorator and imports) with that config:
@@ -13,14 +13,15 @@ Inductor's. This tool compiles, per cell (RMSNorm / LayerNorm x N = 512 / 1024, 
   ``F.layer_norm``: ``*bf16``, ``*bf16``, ``i32``, ``i32``; the arguments' 16-divisibility is specialized the way
   Inductor's ``triton_meta`` declares it). Inductor compiles with ``debug=True, sanitize_overflow=False``, Triton's
   defaults here;
-* our Triton kernels (``kernels_triton.norms.compile_sm90_kernel``) with the README table's best config of the cell
+* our Triton kernels (``kernels_triton.norms.compile_sm90_kernel``) with the norms page's table's best config of the
+cell
   and ``per-w1-spec-eps`` (``configs/tiling/norms_h200.yaml``), eps = 1e-6 (``configs/technique/norms.yaml``: what
   the sweep timed; Inductor's captured kernels fold 1e-05, ``tools/inductor_norms.py``; only the FFMA immediate
   differs),
 
 all under ``normfuse.compile_only.install(90)`` (the fake sm_90 driver; nothing is launched), and reports side by
 side: registers / spills (``normfuse.codestats.ptxas_stats``), PTX instructions (counted as
-``tests/test_norms_triton_spec.py`` counts them: the README's 209 / 184 / 293 / 258), SASS instructions and counts
+``tests/test_norms_triton_spec.py`` counts them: the norms page's 209 / 184 / 293 / 258), SASS instructions and counts
 per opcode of the kernel's own cubin (``cuobjdump -sass`` beside Triton's ptxas), global loads / stores per thread
 with their widths, the control words' static stall cycles and scoreboards (decoded with the Volta-Hopper layout:
 stall bits 0-3, yield 4, write barrier 5-7, read barrier 8-10, wait mask 11-16, reuse 17-20 of bits 105-127), the
@@ -59,7 +60,7 @@ M_DEFAULT = 262144
 EPS = 1e-6  # configs/technique/norms.yaml (the sweep's eps for our kernels and the torch.compile baseline)
 OPS = ("rms_norm", "layer_norm")
 INDUCTOR_NAME = {"rms_norm": "rmsnorm", "layer_norm": "layernorm"}
-# README, "Code generation matched to Inductor's, paired (rounds 2 and 3)": best measured config per cell
+# docs/results/norms.md, "Code generation matched to Inductor's, paired (rounds 2 and 3)": best measured config per cell
 BEST = {("rms_norm", 512): "r4-w4-spec", ("rms_norm", 1024): "per-w1-spec",
         ("layer_norm", 512): "r4-w4-spec", ("layer_norm", 1024): "per-w1-spec"}
 EXTRA = ("per-w1-spec-eps", "per-w1-spec-eps-lean")  # -lean: LEAN_ARGS, Inductor's parameter block too
@@ -388,7 +389,7 @@ def diff_reports(ref: dict, other: dict, max_lines: int = 80) -> dict:
 
 def compare_cell(op: str, N: int, M: int = M_DEFAULT, configs: tuple[str, ...] | None = None,
                  eps: float = EPS) -> dict:
-    """Compile Inductor's captured kernel of the cell and our Triton ``configs`` (default: the README's best of the
+    """Compile Inductor's captured kernel of the cell and our Triton ``configs`` (default: the norms page's best of the
     cell and ``per-w1-spec-eps``) for sm_90a; return ``{op, M, N, kernels: [report, ...] (Inductor first),
     diffs: {label: diff_reports(inductor, report)}}``. Installs the compile-only driver for the rest of the
     process."""
@@ -496,7 +497,7 @@ _CODE_POSITION_ATTRS = ("COOP_GROUP_", "EXIT_INSTR_OFFSETS", "INDIRECT_BRANCH_TA
 
 def conclusion(cells: list[dict]) -> list[str]:
     """The generated verdict: in how many cells ``per-w1-spec-eps`` is Inductor's machine code, and how the
-    README's best configs differ."""
+    norms page's best configs differ."""
     ident = [c for c in cells if c["diffs"].get("per-w1-spec-eps", {}).get("same_code")]
     out = [f"- **`per-w1-spec-eps` is Inductor's machine code in {len(ident)} of {len(cells)} cells**: the same SASS "
            "instructions in the same order with the same registers and the same control words (stall counts, "
@@ -532,7 +533,7 @@ def conclusion(cells: list[dict]) -> list[str]:
                          f"{ind['occupancy']['warps_sm']} warps per SM, "
                          f"{k['bytes_in_flight_sm'] // 1024} vs {ind['bytes_in_flight_sm'] // 1024} KiB of loads in "
                          "flight per SM at most")
-            out.append(f"- {'RMS' if c['op'] == 'rms_norm' else 'LN'} {c['N']}, the README's best `{best}`: {what}.")
+            out.append(f"- {'RMS' if c['op'] == 'rms_norm' else 'LN'} {c['N']}, the norms page's best `{best}`: {what}.")
     slower = []
     for c in ident:
         for run, m, lo, hi in paired_ratios(c["op"], c["N"], c["M"], ["per-w1-spec-eps"]).get("per-w1-spec-eps", []):
@@ -606,7 +607,7 @@ def render_markdown(cells: list[dict], triton_version: str) -> str:
              "GPU measurement. Generated by `.venv/bin/python -m tools.inductor_sass_compare`; see README.md here for "
              "what was compiled. M = 262144, bf16, no affine; Inductor: the captured kernel of "
              "`results/inductor_norms/20261201_h200/` with its chosen config; ours: `kernels_triton/norms.py` with "
-             "the README's best config of the cell (rounds 2–3), `per-w1-spec-eps` and `per-w1-spec-eps-lean` (`LEAN_ARGS`), eps = 1e-6 (the sweep's; "
+             "the norms page's best config of the cell (rounds 2–3), `per-w1-spec-eps` and `per-w1-spec-eps-lean` (`LEAN_ARGS`), eps = 1e-6 (the sweep's; "
              "Inductor's capture folds 1e-05).", "",
              "Columns: *LDG / STG per thread* — global load / store instructions of one thread with their widths "
              "(the kernels are loop-free: the static count is the dynamic one); *LDG in flight* — loads issued "
@@ -654,7 +655,7 @@ def render_readme(triton_version: str, cells: list[dict] | None = None) -> str:
 
 What it is: Inductor's (torch.compile's) captured RMSNorm / LayerNorm kernels at M = 262144, N = 512 / 1024
 (`results/inductor_norms/20261201_h200/*.kernel.txt`, with the config its autotuner kept) and our Triton kernels
-(`kernels_triton/norms.py`: the README's best config per cell, `r4-w4-spec` / `per-w1-spec`, `per-w1-spec-eps` and
+(`kernels_triton/norms.py`: the norms page's best config per cell, `r4-w4-spec` / `per-w1-spec`, `per-w1-spec-eps` and
 its `LEAN_ARGS` twin `per-w1-spec-eps-lean`),
 compiled **on the CPU, compile-only, for sm_90a** with the installed Triton's own ptxas (Triton {triton_version};
 `normfuse.compile_only.install(90)`: nothing is launched), and their machine code compared: registers, PTX and SASS
@@ -662,8 +663,9 @@ instruction counts, counts per opcode, global loads / stores per thread and thei
 stalls and scoreboards, loads in flight, theoretical occupancy, and opcode-sequence diffs.
 
 **Not a GPU measurement**: no timing here. The open question it answers is whether the 0.6–1.1 % by which our best
-Triton configs trail torch.compile at these cells (README, "Code generation matched to Inductor's") can come from
-the SASS. The GPU host ran the same Triton release (3.6.0, `results/norms_inductor_v3/20261201_h200/meta.json`), but
+Triton configs trail torch.compile at these cells (docs/results/norms.md, "Code generation matched to Inductor's")
+can come from the SASS. The GPU host ran the same Triton release (3.6.0,
+`results/norms_inductor_v3/20261201_h200/meta.json`), but
 its runs most likely compiled with the host's CUDA ptxas (the GPU bundle's `env.sh` sets `TRITON_PTXAS_PATH`, which
 Triton prefers to its bundled one; the runs did not record its version), so these cubins are not proven to be the
 ones that ran. Where the PTX of two kernels is the same up to the eps constant and the parameter declarations (the

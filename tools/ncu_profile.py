@@ -58,8 +58,8 @@ class Target:
 
 
 TARGETS = {
-    # Lazy Pre-Norm cluster form, c2 + STORE_DEFER and its GEMM at K = 2048 / 512 (README, "Where the statistic's
-    # time goes")
+    # Lazy Pre-Norm cluster form, c2 + STORE_DEFER and its GEMM at K = 2048 / 512 (docs/results/lazy_prenorm.md,
+    # "Where the statistic's time goes")
     "lazy_c2defer_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-defer-128x256x64-s3",
                                  "fused", "rmsnorm", 262144, 512, 2048),
     "lazy_c2gemm_K2048": Target("lazy_prenorm", "lazy_prenorm_h200.yaml", "cluster-c2-128x256x64-s3",
