@@ -178,9 +178,9 @@ twice per M-tile: a statistics pass keeps only each tile's per-row (sum, centred
 squares), merged over the tiles by Chan's formula; one LN_PACKED DSMEM exchange (same slots, barriers and WAR
 argument as below); an output pass recomputes each tile, normalizes it (one FMA) and TMA-stores it through one
 staging buffer per consumer. The producer streams the ring for both passes (2 x TILES x K steps per M-tile). Twice
-the GEMM's work, one tile's shared memory. RMSNorm and LayerNorm only, none of the other options. Not yet run on
-the GPU (compile-checked on the CPU only): ``python -m kernels_tlx.multi_cta --quick --no-bench --config
-c2_t4_rc_lnpack`` is its first check.
+the GEMM's work, one tile's shared memory. RMSNorm and LayerNorm only, none of the other options. Measured on an
+H100 (docs/results/multi_cta.md, "The recompute filler"): alone it is 2x the GEMM, as built; as the c8 grid's
+filler at rate 50 / 60 it lifts N = 2048 by 7-21 points over c8 + STORE_DEFER.
 
 **STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200
 (docs/results/lazy_prenorm.md, "Where the statistic's time goes") counted the statistic of the c2 cluster form at
@@ -789,7 +789,8 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
     "c8_defer_lnpack_fill": TilingConfig(CLUSTER_SIZE=8, LN_PACKED=True, STORE_DEFER=True, FILL_IDLE_SMS=True),
     # RECOMPUTE_TILES: each CTA's column tiles computed twice (statistics pass, then output pass), no parked tile:
     # c2 x 4 tiles covers N = 2048 on 2-CTA clusters (c1 / c2 x 2: the self-check's smaller N); and c8 with such a
-    # filler (FILL_RECOMPUTE) at 50 / 40 % of a cluster SM's rate (it runs the GEMM twice)
+    # filler (FILL_RECOMPUTE) at 50 / 40 % of a cluster SM's rate (it runs the GEMM twice; rate 50 best at K >= 1024,
+    # 60 at K = 512 on an H100, docs/results/multi_cta.md)
     "c1_t2_rc": TilingConfig(CLUSTER_SIZE=1, TILES_PER_CTA=2, LN_PACKED=True, RECOMPUTE_TILES=True),
     "c2_t2_rc_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, LN_PACKED=True, RECOMPUTE_TILES=True),
     "c2_t4_rc_lnpack": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=4, LN_PACKED=True, RECOMPUTE_TILES=True),
