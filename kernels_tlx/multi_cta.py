@@ -180,7 +180,7 @@ argument as below); an output pass recomputes each tile, normalizes it (one FMA)
 staging buffer per consumer. The producer streams the ring for both passes (2 x TILES x K steps per M-tile). Twice
 the GEMM's work, one tile's shared memory. RMSNorm and LayerNorm only, none of the other options. Measured on an
 H100 (docs/results/multi_cta.md, "The recompute filler"): alone it is 2x the GEMM, as built; as the c8 grid's
-filler at rate 50 / 60 it lifts N = 2048 by 7-21 points over c8 + STORE_DEFER.
+filler at rate 50 / 60 it lifts N = 2048 by 6-25 points over c8 + STORE_DEFER (three H100s).
 
 **STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200
 (docs/results/lazy_prenorm.md, "Where the statistic's time goes") counted the statistic of the c2 cluster form at
