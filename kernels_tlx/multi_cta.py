@@ -182,6 +182,17 @@ the GEMM's work, one tile's shared memory. RMSNorm and LayerNorm only, none of t
 H100 (docs/results/multi_cta.md, "The recompute filler"): alone it is 2x the GEMM, as built; as the c8 grid's
 filler at rate 50 / 60 it lifts N = 2048 by 6-25 points over c8 + STORE_DEFER (three H100s).
 
+**LN_ONEPASS** (``TilingConfig.LN_ONEPASS``; ``c*_lnpack1p*``; LayerNorm with LN_PACKED). With the filler, what
+LayerNorm still costs over RMSNorm at N = 1024 is epilogue arithmetic: per accumulator element the centred
+partials take an add (the sum), a subtract and an FMA (the centred square), and the second pass waits for the
+first's row reduction. LN_ONEPASS takes each tile's ``(sum, sum of squares)`` in one pass (an add and an FMA, no
+dependency between them) and forms ``M2 = sum x^2 - (sum x)^2 / n`` per tile, clamped at 0; the packed exchange,
+the Chan merge over tiles and CTAs and the one-FMA output are unchanged. The difference of squares cancels when
+``|mean| >> std`` within a 256-column tile (relative error of M2 about ``2^-24 * (mean / std)^2``: an fp32 model
+of the arithmetic gives 1e-4 on rstd at ratio 30 and 1e-3 at 100, tests/tlx/test_multi_cta_onepass_tlx.py); the
+GPU self-check runs LayerNorm at ratio 30. TensorRT-LLM's LayerNorm kernels expose the same trade
+(``USE_DIFF_OF_SQUARES``). Opt-in: the centred form stays the default.
+
 **STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200
 (docs/results/lazy_prenorm.md, "Where the statistic's time goes") counted the statistic of the c2 cluster form at
 K = 2048 as 65 % more warp instructions than its GEMM: at each K step a CTA owns, the row sum of the squared [64, 64] A slice ends in 3
@@ -455,6 +466,14 @@ class TilingConfig(TilingConfigBase):
             that normalizes and stores them. No parked tile: the shared memory of one tile per CTA, at twice the
             GEMM's work (c2 x 4 tiles covers N = 2048). LayerNorm's statistics are LN_PACKED's (required).
             Excludes every other option. See "RECOMPUTE_TILES" in the module docstring.
+        LN_ONEPASS: LayerNorm with LN_PACKED only (RMSNorm unchanged): each CTA tile's (sum, centred sum of squares)
+            comes from one pass over the fp32 accumulator, ``M2 = sum x^2 - (sum x)^2 / n`` (clamped at 0), an
+            add and an FMA per element instead of the centred form's three operations behind a row reduction;
+            the merge over tiles and CTAs stays Chan's. The price is cancellation within a tile: M2 loses about
+            ``2^-24 * mean^2 / var`` relative accuracy (TensorRT-LLM's LayerNorm kernels offer the same trade as
+            ``USE_DIFF_OF_SQUARES``), invisible in a bf16 output while ``|mean| / std`` of a row's 256-column
+            tile stays below about 100. Passed on to the FILL_IDLE_SMS filler. See "LN_ONEPASS" in the module
+            docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory; with FILL_IDLE_SMS also the filler's). Both raise ValueError naming the violated
@@ -487,6 +506,7 @@ class TilingConfig(TilingConfigBase):
     FILL_RATE_PCT: int = 100
     FILL_RECOMPUTE: bool = False
     RECOMPUTE_TILES: bool = False
+    LN_ONEPASS: bool = False
 
     def __post_init__(self):
         errors = self.field_type_errors(optional=("BLOCK_N",))
@@ -582,6 +602,11 @@ class TilingConfig(TilingConfigBase):
             if others:
                 errors.append(f"RECOMPUTE_TILES=True excludes {', '.join(others)} (a kernel of its own with none of "
                               "these options)")
+        if self.LN_ONEPASS and not self.LN_PACKED:
+            errors.append("LN_ONEPASS=True needs LN_PACKED=True (the one-pass partials travel as the packed word)")
+        if self.LN_ONEPASS and (self.EPILOGUE_OVERLAP or self.PINGPONG or self.STORE_DIRECT):
+            errors.append("LN_ONEPASS=True is built for the cooperative STORE_DEFER / two-tile / recompute epilogues "
+                          "only, not with EPILOGUE_OVERLAP, PINGPONG or STORE_DIRECT (not GPU-checked)")
         if not errors and self.BLOCK_N is not None:
             errors += self._n_independent_fit(self.BLOCK_N)
         if errors:
@@ -604,11 +629,12 @@ class TilingConfig(TilingConfigBase):
             return TilingConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K, CLUSTER_SIZE=2,
                                 NUM_STAGES=self.NUM_STAGES, NUM_CONSUMERS=self.NUM_CONSUMERS,
                                 CONSUMER_REGS=self.CONSUMER_REGS, LN_PACKED=True,
-                                TILES_PER_CTA=self.CLUSTER_SIZE // 2, RECOMPUTE_TILES=True)
+                                TILES_PER_CTA=self.CLUSTER_SIZE // 2, RECOMPUTE_TILES=True,
+                                LN_ONEPASS=self.LN_ONEPASS)
         return TilingConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, BLOCK_K=self.BLOCK_K,
                             CLUSTER_SIZE=self.CLUSTER_SIZE // 2, NUM_STAGES=self.NUM_STAGES,
                             NUM_CONSUMERS=self.NUM_CONSUMERS, CONSUMER_REGS=self.CONSUMER_REGS,
-                            LN_PACKED=self.LN_PACKED, TILES_PER_CTA=2)
+                            LN_PACKED=self.LN_PACKED, TILES_PER_CTA=2, LN_ONEPASS=self.LN_ONEPASS)
 
     @property
     def rows_per_consumer(self) -> int:
@@ -798,6 +824,16 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
                                               FILL_RECOMPUTE=True, FILL_RATE_PCT=50),
     "c8_defer_lnpack_fill_rc40": TilingConfig(CLUSTER_SIZE=8, LN_PACKED=True, STORE_DEFER=True, FILL_IDLE_SMS=True,
                                               FILL_RECOMPUTE=True, FILL_RATE_PCT=40),
+    # LN_ONEPASS ("1p"): the LayerNorm partials of each tile from one pass (sum, sum of squares); RMSNorm runs the
+    # kernels of the same configs without it. The one-tile, two-tile and recompute kernels and both fillers.
+    "c4_defer_lnpack1p": TilingConfig(CLUSTER_SIZE=4, LN_PACKED=True, STORE_DEFER=True, LN_ONEPASS=True),
+    "c2_t2_lnpack1p": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, LN_PACKED=True, LN_ONEPASS=True),
+    "c2_t4_rc_lnpack1p": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=4, LN_PACKED=True, RECOMPUTE_TILES=True,
+                                      LN_ONEPASS=True),
+    "c4_defer_lnpack1p_fill": TilingConfig(CLUSTER_SIZE=4, LN_PACKED=True, STORE_DEFER=True, FILL_IDLE_SMS=True,
+                                           LN_ONEPASS=True),
+    "c8_defer_lnpack1p_fill_rc50": TilingConfig(CLUSTER_SIZE=8, LN_PACKED=True, STORE_DEFER=True, FILL_IDLE_SMS=True,
+                                                FILL_RECOMPUTE=True, FILL_RATE_PCT=50, LN_ONEPASS=True),
 }
 
 
@@ -999,11 +1035,31 @@ def _ln_partials_full(acc, ROWS: tl.constexpr, WIDTH: tl.constexpr):
 
 
 @triton.jit
-def _ln_partials(acc, off, N, n, ROWS: tl.constexpr, WIDTH: tl.constexpr, EVEN: tl.constexpr):
+def _ln_partials_onepass(acc, n, WIDTH: tl.constexpr, EVEN: tl.constexpr):
+    """LN_ONEPASS partials of a [ROWS, WIDTH] fp32 tile with ``n`` valid columns (0 allowed: then (0, 0)):
+    ``(sum, max(sum x^2 - sum^2 / n, 0))`` from one pass over the accumulator (an add and an FMA per element, no
+    mask: the accumulator is zero past N, TMA zero-fills A and B there), against three operations of the centred
+    two-pass form, whose second pass waits for the first's row reduction. The centred sum of squares loses about
+    ``2^-24 * mean^2 / var`` relative accuracy per tile (``TilingConfig.LN_ONEPASS``); the merge over tiles and
+    CTAs stays Chan's."""
+    s1 = tl.sum(acc, axis=1)
+    s2 = tl.sum(acc * acc, axis=1)
+    if EVEN:
+        m2 = s2 - s1 * s1 * (1.0 / WIDTH)
+    else:
+        m2 = s2 - s1 * s1 / tl.maximum(n, 1).to(tl.float32)
+    return s1, tl.maximum(m2, 0.0)
+
+
+@triton.jit
+def _ln_partials(acc, off, N, n, ROWS: tl.constexpr, WIDTH: tl.constexpr, EVEN: tl.constexpr,
+                 ONEPASS: tl.constexpr = False):
     """LayerNorm partials of one [ROWS, WIDTH] fp32 tile at column ``off`` with ``n`` valid columns (0 allowed:
     then (0, 0)): ``(sum, sum over valid columns of (x - sum / n)^2)``; EVEN (every column valid, n == WIDTH, a
-    power of 2): unmasked, ``1 / WIDTH`` exact. TILES_PER_CTA == 2 only (the one-tile kernel keeps its inline
-    forms, unchanged builds)."""
+    power of 2): unmasked, ``1 / WIDTH`` exact; ONEPASS: ``_ln_partials_onepass``. TILES_PER_CTA == 2 and
+    RECOMPUTE_TILES (the one-tile kernel keeps its inline forms, unchanged builds)."""
+    if ONEPASS:
+        return _ln_partials_onepass(acc, n, WIDTH, EVEN)
     if EVEN:
         return _ln_partials_full(acc, ROWS, WIDTH)
     p0 = tl.sum(acc, axis=1)
@@ -1192,6 +1248,7 @@ def _multi_cta_norm_kernel(
     SS_PROD: tl.constexpr = False,  # TilingConfig.STATS_IN_PRODUCER ("lazy_rms")
     PDL_TRIGGER: tl.constexpr = False,  # a programmatic dependent grid may start once all CTAs ran it (idle-SM filler)
     PDL_WAIT_END: tl.constexpr = False,  # FILL_IDLE_SMS filler: exit only after the primary (cluster) grid completes
+    ONEPASS: tl.constexpr = False,  # TilingConfig.LN_ONEPASS (LayerNorm with LN_PACKED)
 ):
     if PDL_TRIGGER:  # every CTA at its start: once all are resident, the dependent grid may take the idle SMs
         gdc_launch_dependents()
@@ -1448,7 +1505,7 @@ def _multi_cta_norm_kernel(
                     if NORM == "rms":
                         f0 = tl.sum(acc * acc, axis=1)
                     elif NORM == "layer":
-                        f0, f1 = _ln_partials(acc, off_n, N, n_local, BM_C, BLOCK_N, EVEN_N)
+                        f0, f1 = _ln_partials(acc, off_n, N, n_local, BM_C, BLOCK_N, EVEN_N, ONEPASS)
                     if NORM == "none" and DIRECT:  # no statistic to wait for: store the first tile now
                         if off_cm < M:
                             _store_direct(c_ptr, acc, off_cm, off_n, M, N, BM_C, BLOCK_N, True)
@@ -1567,10 +1624,10 @@ def _multi_cta_norm_kernel(
                         p1 = p0
                     elif TILES > 1:
                         n1 = tl.minimum(tl.maximum(N - off_nt, 0), BLOCK_N)
-                        r0, r1 = _ln_partials(acc, off_nt, N, n1, BM_C, BLOCK_N, EVEN_N)
+                        r0, r1 = _ln_partials(acc, off_nt, N, n1, BM_C, BLOCK_N, EVEN_N, ONEPASS)
                         p0, p1 = _chan_merge(f0, f1, n_local, r0, r1, n1, BLOCK_N, EVEN_N)
                     else:
-                        p0, p1 = _ln_partials(acc, off_nt, N, n_local, BM_C, BLOCK_N, EVEN_N)
+                        p0, p1 = _ln_partials(acc, off_nt, N, n_local, BM_C, BLOCK_N, EVEN_N, ONEPASS)
                     if EXCHANGE:
                         buf = t % NB
                         _exchange_send(slots, recv_bars[buf * NUM_CONSUMERS + cid], p0, p1,
@@ -1617,8 +1674,10 @@ def _multi_cta_norm_kernel(
                                 p1 = s2
                         elif TILES > 1:  # Chan's merge of this CTA's two tiles (the second may lie past N: n1 = 0)
                             n1 = tl.minimum(tl.maximum(N - off_nt, 0), BLOCK_N)
-                            r0, r1 = _ln_partials(acc, off_nt, N, n1, BM_C, BLOCK_N, EVEN_N)
+                            r0, r1 = _ln_partials(acc, off_nt, N, n1, BM_C, BLOCK_N, EVEN_N, ONEPASS)
                             p0, p1 = _chan_merge(f0, f1, n_local, r0, r1, n1, BLOCK_N, EVEN_N)
+                        elif ONEPASS:
+                            p0, p1 = _ln_partials_onepass(acc, n_local, BLOCK_N, EVEN_N)
                         elif LN_PACKED and EVEN_N:
                             p0, p1 = _ln_partials_full(acc, BM_C, BLOCK_N)
                         else:
@@ -1878,6 +1937,7 @@ def _recompute_norm_kernel(
     EVEN_N: tl.constexpr,  # N == CLUSTER_SIZE * TILES * BLOCK_N: every tile's columns valid
     PDL_TRIGGER: tl.constexpr = False,  # as in _multi_cta_norm_kernel
     PDL_WAIT_END: tl.constexpr = False,  # as in _multi_cta_norm_kernel (the FILL_IDLE_SMS filler)
+    ONEPASS: tl.constexpr = False,  # TilingConfig.LN_ONEPASS (LayerNorm)
 ):
     """RECOMPUTE_TILES (module docstring): CTA ``rank`` of a cluster owns ``TILES`` column tiles; per M-tile a
     statistics pass computes each tile and keeps only its per-row (sum, centred sum of squares) / sum of squares,
@@ -1968,7 +2028,7 @@ def _recompute_norm_kernel(
                     p1 = p0
                 else:
                     n_acc = tl.minimum(N - off_n, BLOCK_N)  # >= 1 (TilingConfig.block_n)
-                    p0, p1 = _ln_partials(acc, off_n, N, n_acc, BM_C, BLOCK_N, EVEN_N)
+                    p0, p1 = _ln_partials(acc, off_n, N, n_acc, BM_C, BLOCK_N, EVEN_N, ONEPASS)
                 for j in range(1, TILES):
                     acc, it = _recompute_mainloop(acc, a_bufs, b_bufs, full_bars, empty_bars, it, cid, k_tiles, K,
                                                   NUM_STAGES)
@@ -1977,7 +2037,8 @@ def _recompute_norm_kernel(
                         p1 = p0
                     else:
                         n_j = tl.minimum(tl.maximum(N - (off_n + j * BLOCK_N), 0), BLOCK_N)
-                        q0, q1 = _ln_partials(acc, off_n + j * BLOCK_N, N, n_j, BM_C, BLOCK_N, EVEN_N)
+                        q0, q1 = _ln_partials(acc, off_n + j * BLOCK_N, N, n_j, BM_C, BLOCK_N, EVEN_N,
+                                                ONEPASS)
                         p0, p1 = _chan_merge(p0, p1, n_acc, q0, q1, n_j, BLOCK_N, False)
                         n_acc += n_j
                 if EXCHANGE:
@@ -2141,12 +2202,16 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
     if cfg.RECOMPUTE_TILES:  # _recompute_norm_kernel's constexprs (_kernel(cfg))
         kwargs = {k: v for k, v in kwargs.items() if k not in ("MULTICAST_A", "EPILOGUE_SUBTILE")}
         kwargs.update(TILES=T, EVEN_N=N == C * T * bn)
+        if cfg.LN_ONEPASS and norm == "layer":
+            kwargs["ONEPASS"] = True
         if C > 1:
             kwargs["ctas_per_cga"] = (C, 1, 1)
         return (M, N, K), bn, (y, mean if has_mean else None, rstd), args, kwargs
     # (the other kernels keep their default constexprs: unchanged builds)
     if cfg.LN_PACKED and norm == "layer":
         kwargs["LN_PACKED"] = True
+        if cfg.LN_ONEPASS:
+            kwargs["ONEPASS"] = True
     if norm == "layer" and (cfg.LN_PACKED or T > 1):
         kwargs["EVEN_N"] = N == C * T * bn  # the row fills the cluster: unmasked statistics
     if T > 1:

@@ -48,7 +48,8 @@ TARGET_N = {"c1": 256, "c2": 512, "c4": 1024, "c8": 2048, "c8_mcast": 1024, "c16
             "c8_direct_s4_lnpack": 2048, "c2_t2_direct_lnpack": 1024, "c4_defer_lnpack_fill": 1024,
             "c4_defer_lnpack_fill90": 1024, "c4_defer_lnpack_fill80": 1024, "c8_defer_lnpack_fill": 2048,
             "c1_t2_rc": 512, "c2_t2_rc_lnpack": 1024, "c2_t4_rc_lnpack": 2048, "c8_defer_lnpack_fill_rc50": 2048,
-            "c8_defer_lnpack_fill_rc40": 2048}
+            "c8_defer_lnpack_fill_rc40": 2048, "c4_defer_lnpack1p": 1024, "c2_t2_lnpack1p": 1024,
+            "c2_t4_rc_lnpack1p": 2048, "c4_defer_lnpack1p_fill": 1024, "c8_defer_lnpack1p_fill_rc50": 2048}
 RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_subtile": 4000,
             "c4_lnpack": 392, "c8_lnpack": 1000,  # LN_PACKED: the masked statistics (N < C * BLOCK_N)
             "c4_defer_lnpack": 392, "c8_defer_lnpack": 1000, "c4_pp_lnpack": 392, "c8_pp_lnpack": 1000,
@@ -67,7 +68,10 @@ RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_
             "c8_defer_lnpack_fill": 1000,
             # RECOMPUTE_TILES: a last tile holding 8 columns (c2 x 4 at 1800: rank 1's tiles hold 256, 256, 256, 8)
             "c1_t2_rc": 264, "c2_t2_rc_lnpack": 600, "c2_t4_rc_lnpack": 1800, "c8_defer_lnpack_fill_rc50": 1000,
-            "c8_defer_lnpack_fill_rc40": 1000}
+            "c8_defer_lnpack_fill_rc40": 1000,
+            # LN_ONEPASS: the ragged N of the twin without it
+            "c4_defer_lnpack1p": 392, "c2_t2_lnpack1p": 600, "c2_t4_rc_lnpack1p": 1800, "c4_defer_lnpack1p_fill": 392,
+            "c8_defer_lnpack1p_fill_rc50": 1000}
 COMPILE_M, COMPILE_K = 4096, 1024
 OPS = ("matmul_rmsnorm", "matmul_layernorm")
 
@@ -110,7 +114,7 @@ def compiled():
 def test_targets_cover_every_shipped_config():
     assert set(TARGET_N) == set(RAGGED_N) == set(SHIPPED_CONFIGS)
     assert SHIPPED_CONFIGS["c4"] == DEFAULT_CONFIG
-    assert 3 <= len(SHIPPED_CONFIGS) <= 40
+    assert 3 <= len(SHIPPED_CONFIGS) <= 48
     for name, cfg in SHIPPED_CONFIGS.items():
         assert cfg.supports(TARGET_N[name]) and cfg.supports(RAGGED_N[name]), name
     # the blog grid (N = 512, 1024, 2048) and the Hopper limit N = 4096 each have a shipped config
@@ -141,9 +145,10 @@ def test_compile_all_configs(compiled):
         # no spills; with affine (loads kept inside the tile loop: kernels_tlx.multi_cta._affine) at most a few
         # registers' worth (32 B seen for LayerNorm at N = 264, whose masked affine loads cannot be vectorized)
         # (TILES_PER_CTA=2 with affine spills more: 2.3 KB stored + 2.4 KB loaded seen at c2, N = 600 / 1000,
-        # LayerNorm -- a known cost of that option with weight and bias, speed only: the benchmarks have no affine)
+        # LayerNorm -- a known cost of that option with weight and bias, speed only: the benchmarks have no affine;
+        # with LN_ONEPASS 3.4 KB + 3.4 KB at c2, N = 600)
         spills = r["ptxas"]["spill_stores"] + r["ptxas"]["spill_loads"]
-        assert spills <= ((6144 if T > 1 else 64) if affine else 0), (key, r["ptxas"])
+        assert spills <= (((8192 if cfg.LN_ONEPASS else 6144) if T > 1 else 64) if affine else 0), (key, r["ptxas"])
         if C == 1:
             assert r["cluster_dims"] in ([], [1, 1, 1]) and ex["reqnctapercluster"] is None, key
             assert mk["mapa"] == 0 and ex["st_async"] == 0 and ex["barrier_cluster_arrive"] == 0, (key, ex)
