@@ -189,9 +189,13 @@ first's row reduction. LN_ONEPASS takes each tile's ``(sum, sum of squares)`` in
 dependency between them) and forms ``M2 = sum x^2 - (sum x)^2 / n`` per tile, clamped at 0; the packed exchange,
 the Chan merge over tiles and CTAs and the one-FMA output are unchanged. The difference of squares cancels when
 ``|mean| >> std`` within a 256-column tile (relative error of M2 about ``2^-24 * (mean / std)^2``: an fp32 model
-of the arithmetic gives 1e-4 on rstd at ratio 30 and 1e-3 at 100, tests/tlx/test_multi_cta_onepass_tlx.py); the
-GPU self-check runs LayerNorm at ratio 30. TensorRT-LLM's LayerNorm kernels expose the same trade
-(``USE_DIFF_OF_SQUARES``). Opt-in: the centred form stays the default.
+of the arithmetic gives 1e-4 on rstd at ratio 30 and 1e-3 at 100, tests/tlx/test_multi_cta_onepass_tlx.py).
+TensorRT-LLM's LayerNorm kernels offer the same trade (``USE_DIFF_OF_SQUARES``). Measured on an H100
+(docs/results/multi_cta.md, "One-pass LayerNorm partials"): +2.7-3.0 points of "% hidden" at N = 1024 (the c4
+grid with its filler) and +2.7-9.6 at N = 2048 (c8 with the recompute filler), i.e. what the centring pass costs;
+but the GPU self-check's rows at mean shift 30 (extreme rows near 100) read rstd errors of 1.1-1.4e-3, over its
+1e-3 bound (y within tolerance; 2-4e-6 with the centred form). Opt-in, outside the repository's precision bar: an
+ablation, not a shipped default.
 
 **STATS_ELEMENTWISE** (``TilingConfig.STATS_ELEMENTWISE``; Lazy Pre-Norm). Nsight Compute on the H200
 (docs/results/lazy_prenorm.md, "Where the statistic's time goes") counted the statistic of the c2 cluster form at
@@ -471,9 +475,10 @@ class TilingConfig(TilingConfigBase):
             add and an FMA per element instead of the centred form's three operations behind a row reduction;
             the merge over tiles and CTAs stays Chan's. The price is cancellation within a tile: M2 loses about
             ``2^-24 * mean^2 / var`` relative accuracy (TensorRT-LLM's LayerNorm kernels offer the same trade as
-            ``USE_DIFF_OF_SQUARES``), invisible in a bf16 output while ``|mean| / std`` of a row's 256-column
-            tile stays below about 100. Passed on to the FILL_IDLE_SMS filler. See "LN_ONEPASS" in the module
-            docstring.
+            ``USE_DIFF_OF_SQUARES``): rows near ``|mean| = 100 std`` read rstd errors of 1.1-1.4e-3 on the GPU,
+            over the self-check's 1e-3 (y stays within tolerance). Passed on to the FILL_IDLE_SMS filler. An
+            ablation of the centring pass's cost (+3 points at N = 1024, H100), not a default. See "LN_ONEPASS" in
+            the module docstring.
 
     Construction validates the N-independent constraints; ``block_n(N)`` the N-dependent ones (row coverage,
     registers, shared memory; with FILL_IDLE_SMS also the filler's). Both raise ValueError naming the violated
@@ -1038,7 +1043,7 @@ def _ln_partials_full(acc, ROWS: tl.constexpr, WIDTH: tl.constexpr):
 def _ln_partials_onepass(acc, n, WIDTH: tl.constexpr, EVEN: tl.constexpr):
     """LN_ONEPASS partials of a [ROWS, WIDTH] fp32 tile with ``n`` valid columns (0 allowed: then (0, 0)):
     ``(sum, max(sum x^2 - sum^2 / n, 0))`` from one pass over the accumulator (an add and an FMA per element, no
-    mask: the accumulator is zero past N, TMA zero-fills A and B there), against three operations of the centred
+    mask: the accumulator is zero past N, TMA zero-fills B there), against three operations of the centred
     two-pass form, whose second pass waits for the first's row reduction. The centred sum of squares loses about
     ``2^-24 * mean^2 / var`` relative accuracy per tile (``TilingConfig.LN_ONEPASS``); the merge over tiles and
     CTAs stays Chan's."""
