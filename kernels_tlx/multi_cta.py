@@ -839,6 +839,10 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
                                            LN_ONEPASS=True),
     "c8_defer_lnpack1p_fill_rc50": TilingConfig(CLUSTER_SIZE=8, LN_PACKED=True, STORE_DEFER=True, FILL_IDLE_SMS=True,
                                                 FILL_RECOMPUTE=True, FILL_RATE_PCT=50, LN_ONEPASS=True),
+    # MULTICAST_A on the c4 STORE_DEFER grid with its filler (the filler, a two-tile c2 kernel, loads A itself):
+    # each CTA TMA-loads 16 of a box's 64 rows and multicasts them, 25 % less L2 -> shared-memory traffic per stage
+    "c4_defer_lnpack_mcast_fill": TilingConfig(CLUSTER_SIZE=4, LN_PACKED=True, STORE_DEFER=True, MULTICAST_A=True,
+                                               FILL_IDLE_SMS=True),
 }
 
 

@@ -35,7 +35,7 @@ pytest.importorskip("triton.language.extra.tlx", reason="needs fbtriton (TLX): r
 
 from kernels_tlx import lazy_prenorm as lp  # noqa: E402
 from kernels_tlx import multi_cta as km  # noqa: E402
-from normfuse.testing import run_python_json  # noqa: E402
+from normfuse.testing import run_python_json, run_python_json_parallel  # noqa: E402
 
 FILL = {"c4_defer_lnpack_fill": (4, 100), "c4_defer_lnpack_fill90": (4, 90), "c4_defer_lnpack_fill80": (4, 80),
         "c8_defer_lnpack_fill": (8, 100)}
@@ -120,7 +120,6 @@ def test_recompute_kernel_compiles():
     """sm_90a builds of the RECOMPUTE_TILES kernel at the benchmark N (and a ragged N with affine): no spills, the
     shared memory of one tile per CTA (under 227 KB, as estimated), wgmma + TMA, and with a cluster the packed
     exchange (one 64-bit st.async per peer and row)."""
-    from normfuse.testing import run_python_json_parallel
 
     jobs = [(name, N, 1024, False) for name, (_, _, N) in RC.items()] + [("c2_t4_rc_lnpack", 1800, 72, True)]
     r = run_python_json_parallel(_RC_SCRIPT, jobs, timeout=600)
@@ -293,3 +292,35 @@ def test_pdl_instructions_compile():
     for name in ("c4_defer_lnpack_fill", "c8_defer_lnpack_fill", "c8_defer_lnpack_fill_rc50"):
         for role in ("main", "fill"):
             assert (r[f"{name}/{role}/False"], r[f"{name}/{role}/True"]) == (0, 1), (name, role, r)
+
+
+_MCAST_SCRIPT = r"""
+import json, sys, torch
+from dataclasses import replace
+from normfuse import compile_only
+compile_only.install(90)
+from kernels_tlx import multi_cta as km
+cfg = km.SHIPPED_CONFIGS["c4_defer_lnpack_mcast_fill"]
+out = {}
+for N in json.loads(sys.argv[1]):
+    a = torch.empty(4096, 512, dtype=torch.bfloat16)
+    b = torch.empty(512, N, dtype=torch.bfloat16)
+    for op in ("matmul_rmsnorm", "matmul_layernorm"):
+        r = km.compile_sm90(op, a, b, config=replace(cfg, FILL_IDLE_SMS=False), ptxas=True)
+        out[f"{op}/{N}"] = dict(spills=r["ptxas"]["spill_stores"] + r["ptxas"]["spill_loads"],
+                                mcast=r["ptx_extra"]["tma_multicast"], shared=r["shared_bytes"])
+print(json.dumps(out))
+"""
+
+
+def test_mcast_fill_primary_compiles():
+    """``c4_defer_lnpack_mcast_fill``: its filler is the plain two-tile c2 kernel (no multicast: ``fill_config``);
+    its primary, the c4 STORE_DEFER kernel with MULTICAST_A (not shipped alone), builds for sm_90a with the
+    multicast TMA loads and no spills at the benchmark N and a ragged one."""
+    cfg = km.SHIPPED_CONFIGS["c4_defer_lnpack_mcast_fill"]
+    assert cfg.MULTICAST_A and cfg.FILL_IDLE_SMS and not cfg.fill_config().MULTICAST_A
+    assert cfg.fill_config() == km.SHIPPED_CONFIGS["c2_t2_lnpack"]
+    r = run_python_json_parallel(_MCAST_SCRIPT, [1024, 1000], timeout=600)
+    assert len(r) == 4
+    for key, v in r.items():
+        assert v["spills"] == 0 and v["mcast"] > 0 and v["shared"] <= km.SMEM_LIMIT_BYTES, (key, v)

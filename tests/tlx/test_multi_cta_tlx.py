@@ -49,7 +49,8 @@ TARGET_N = {"c1": 256, "c2": 512, "c4": 1024, "c8": 2048, "c8_mcast": 1024, "c16
             "c4_defer_lnpack_fill90": 1024, "c4_defer_lnpack_fill80": 1024, "c8_defer_lnpack_fill": 2048,
             "c1_t2_rc": 512, "c2_t2_rc_lnpack": 1024, "c2_t4_rc_lnpack": 2048, "c8_defer_lnpack_fill_rc50": 2048,
             "c8_defer_lnpack_fill_rc40": 2048, "c4_defer_lnpack1p": 1024, "c2_t2_lnpack1p": 1024,
-            "c2_t4_rc_lnpack1p": 2048, "c4_defer_lnpack1p_fill": 1024, "c8_defer_lnpack1p_fill_rc50": 2048}
+            "c2_t4_rc_lnpack1p": 2048, "c4_defer_lnpack1p_fill": 1024, "c8_defer_lnpack1p_fill_rc50": 2048,
+            "c4_defer_lnpack_mcast_fill": 1024}
 RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_subtile": 4000,
             "c4_lnpack": 392, "c8_lnpack": 1000,  # LN_PACKED: the masked statistics (N < C * BLOCK_N)
             "c4_defer_lnpack": 392, "c8_defer_lnpack": 1000, "c4_pp_lnpack": 392, "c8_pp_lnpack": 1000,
@@ -71,7 +72,7 @@ RAGGED_N = {"c1": 200, "c2": 264, "c4": 392, "c8": 1000, "c8_mcast": 2000, "c16_
             "c8_defer_lnpack_fill_rc40": 1000,
             # LN_ONEPASS: the ragged N of the twin without it
             "c4_defer_lnpack1p": 392, "c2_t2_lnpack1p": 600, "c2_t4_rc_lnpack1p": 1800, "c4_defer_lnpack1p_fill": 392,
-            "c8_defer_lnpack1p_fill_rc50": 1000}
+            "c8_defer_lnpack1p_fill_rc50": 1000, "c4_defer_lnpack_mcast_fill": 392}
 COMPILE_M, COMPILE_K = 4096, 1024
 OPS = ("matmul_rmsnorm", "matmul_layernorm")
 
