@@ -10,7 +10,8 @@
 #   TEST_K="norms" OUT=/tmp/out bash tools/device_run.sh      (results: /tmp/out/run_<exp>.tgz, /tmp/out/logs.tgz)
 # Environment: OUT (output folder, required), TLX_CHECKS (space-separated kernels_tlx modules), SWEEPS
 # (space-separated experiment:run_id), SWEEP_ARGS (extra Hydra overrides), SWEEP_BUDGET_S (seconds for all sweeps),
-# TEST_K (pytest -k filter; "skip" skips the tests), TEST_BUDGET_S, TESTS_PARALLEL (1: upstream and TLX tests side
+# TEST_K (pytest -k filter; "skip" skips the tests), HARDWARE (the sweeps' hardware= config: auto, the default, names
+# h200 or h100 after the card; empty: none), TEST_BUDGET_S, TESTS_PARALLEL (1: upstream and TLX tests side
 # by side; N > 1: one pytest process per test, N at a time, tools/gpu_tests_parallel.py), TEST_TIMEOUT_S (per test,
 # with N > 1), TILING_FILES (tiling yaml per TLX check module,
 # default configs/tiling/<module>_h200.yaml).
@@ -66,12 +67,20 @@ for mod in ${TLX_CHECKS:-}; do
 done
 pack
 
+# HARDWARE: the hardware config the sweeps name (configs/hardware/<name>.yaml); "auto" (default) picks h200 / h100
+# from the card's name, so that meta.json records no mismatch on whichever card the device lent; "" passes none
+HW="${HARDWARE-auto}"
+if [ "$HW" = auto ]; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H200*) HW=h200;; *H100*) HW=h100;; *) HW="";;
+  esac
+fi
 start=$(date +%s)
 for s in ${SWEEPS:-}; do
   exp=${s%%:*}; rid=${s#*:}
   left=$(( ${SWEEP_BUDGET_S:-300} - ($(date +%s) - start) ))
   [ "$left" -gt 20 ] || { echo "no time left for $exp" | tee -a "$OUT/guard.log"; continue; }
-  timeout -s INT "$left" make run ARGS="experiment=$exp run_id=$rid point_timeout_s=${POINT_TIMEOUT_S:-120} ${SWEEP_ARGS:-}" \
+  timeout -s INT "$left" make run ARGS="experiment=$exp run_id=$rid point_timeout_s=${POINT_TIMEOUT_S:-120} ${HW:+hardware=$HW} ${SWEEP_ARGS:-}" \
     > "$OUT/sweep_${exp}.log" 2>&1
   echo "sweep $exp rc=$?" | tee -a "$OUT/guard.log"
   tar czf "$RES/run_${exp}.tgz" --exclude=logs "results/$exp/$rid" 2>/dev/null; pack
