@@ -550,8 +550,8 @@ SHIPPED_CONFIGS: dict[str, TilingConfig] = {
                                               STATS_UNPACK_ASM=True),
     "cluster_c2_t2_elem_asm": TilingConfig(CLUSTER_SIZE=2, TILES_PER_CTA=2, STATS_ELEMENTWISE=True,
                                            STATS_UNPACK_ASM=True),
-    # ... with the A tile TMA-multicast across the pair (each CTA loads 32 of a box's 64 rows): at N = 512 A is most
-    # of the ring's traffic (experiment lazy_prenorm_mcast)
+    # ... with the A tile TMA-multicast across the pair (each CTA loads 32 of a box's 64 rows: a sixth less L2 traffic
+    # per stage); measured slower (experiment lazy_prenorm_mcast, docs/results/lazy_prenorm.md)
     "cluster_c2_defer_elem_asm_mcast": TilingConfig(CLUSTER_SIZE=2, STORE_DEFER=True, STATS_ELEMENTWISE=True,
                                                     STATS_UNPACK_ASM=True, MULTICAST_A=True),
     # the statistic in the producer warpgroup, off the wgmma warps (TilingConfig.STATS_IN_PRODUCER; CONSUMER_REGS

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session on the offline H200 host, as used for the committed results (see docs/reproducing.md).
+# One GPU session on the offline GPU host (an H200 or H100), as used for the committed results (see docs/reproducing.md).
 # Runs, in order, within a wall-clock budget:
 #   1. TLX self-checks (python -m kernels_tlx.<module> --quick --no-bench, concurrently) as a guard: a TLX config that fails
 #      or hangs there is removed from the tiling file of this working copy before the sweeps (and reported);
@@ -68,10 +68,11 @@ done
 pack
 
 # HARDWARE: the hardware config the sweeps name (configs/hardware/<name>.yaml); "auto" (default) picks h200 / h100
-# from the card's name, so that meta.json records no mismatch on whichever card the device lent; "" passes none
+# from the name of the card this instance runs on (GPU=<index>, else card 0), so that meta.json records no mismatch
+# on whichever card the device lent; "" passes none. A hardware= in SWEEP_ARGS comes later on the command line and wins.
 HW="${HARDWARE-auto}"
 if [ "$HW" = auto ]; then
-  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+  case "$(nvidia-smi -i "${GPU:-0}" --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
     *H200*) HW=h200;; *H100*) HW=h100;; *) HW="";;
   esac
 fi

@@ -8,7 +8,7 @@ pass, ``(sum, sum x^2 - sum^2 / n)``, instead of the centred two-pass form.
   benchmark N.
 - The precision of the docstring, on an fp32 model of the arithmetic (per-tile partials, Chan merge in rank
   order): rstd within 2e-4 at |mean| / std = 30, within a bf16 half-ulp at 100, and the centred form far better at
-  1000 (what the option gives up). On the GPU the self-check's rows at mean shift 30 (extreme rows near 100) read
+  1000 (what the option gives up). On the GPU the self-check's rows at mean shift 30 (extreme rows near 120) read
   1.1-1.4e-3, over its 1e-3 bound (results/gpu_tests/20261206_h100_onepass): the model's order of magnitude.
 
 The kernels themselves run on the GPU: ``python -m kernels_tlx.multi_cta --quick --no-bench --config
@@ -104,7 +104,7 @@ print(json.dumps(out))
 
 def test_fewer_fp32_instructions_no_spills():
     """At the benchmark N the one-pass kernels drop the centring pass: about one fp32 instruction per accumulator
-    element (128 per consumer thread and tile: measured 1172 -> 924 in the c4 kernel's two consumer regions), and
+    element (128 per consumer thread and tile: 1172 -> 924 fp32 add / sub / mul / fma in the c4 kernel's PTX), and
     spill nothing."""
     jobs = [(name, 2048 if "rc" in name else 1024) for pair in
             (("c4_defer_lnpack1p", "c4_defer_lnpack"), ("c2_t2_lnpack1p", "c2_t2_lnpack"),
