@@ -2209,19 +2209,17 @@ def _prepare(a, b, weight, bias, eps, norm: str, cfg: TilingConfig, *, need_cuda
         num_stages=1,  # no compiler pipelining: the ring is explicit
     )
     T = cfg.TILES_PER_CTA
+    if cfg.LN_ONEPASS and norm == "layer":  # (needs LN_PACKED; both kernels take it; absent otherwise: unchanged builds)
+        kwargs["ONEPASS"] = True
     if cfg.RECOMPUTE_TILES:  # _recompute_norm_kernel's constexprs (_kernel(cfg))
         kwargs = {k: v for k, v in kwargs.items() if k not in ("MULTICAST_A", "EPILOGUE_SUBTILE")}
         kwargs.update(TILES=T, EVEN_N=N == C * T * bn)
-        if cfg.LN_ONEPASS and norm == "layer":
-            kwargs["ONEPASS"] = True
         if C > 1:
             kwargs["ctas_per_cga"] = (C, 1, 1)
         return (M, N, K), bn, (y, mean if has_mean else None, rstd), args, kwargs
     # (the other kernels keep their default constexprs: unchanged builds)
     if cfg.LN_PACKED and norm == "layer":
         kwargs["LN_PACKED"] = True
-        if cfg.LN_ONEPASS:
-            kwargs["ONEPASS"] = True
     if norm == "layer" and (cfg.LN_PACKED or T > 1):
         kwargs["EVEN_N"] = N == C * T * bn  # the row fills the cluster: unmasked statistics
     if T > 1:

@@ -67,14 +67,17 @@ for mod in ${TLX_CHECKS:-}; do
 done
 pack
 
-# HARDWARE: the hardware config the sweeps name (configs/hardware/<name>.yaml); "auto" (default) picks h200 / h100
-# from the name of the card this instance runs on (GPU=<index>, else card 0), so that meta.json records no mismatch
-# on whichever card the device lent; "" passes none. A hardware= in SWEEP_ARGS comes later on the command line and wins.
+# HARDWARE: the hardware config the sweeps name (configs/hardware/<name>.yaml); "auto" (default) picks the config
+# whose gpu_name_contains is in the name of the card this instance runs on (GPU=<index>, else card 0), so that
+# meta.json records no mismatch on whichever card the device lent; none matching or "": none is passed. A hardware=
+# in SWEEP_ARGS comes later on the command line and wins.
 HW="${HARDWARE-auto}"
 if [ "$HW" = auto ]; then
-  case "$(nvidia-smi -i "${GPU:-0}" --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-    *H200*) HW=h200;; *H100*) HW=h100;; *) HW="";;
-  esac
+  HW=""; card=$(nvidia-smi -i "${GPU:-0}" --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  for f in configs/hardware/*.yaml; do
+    want=$(sed -n 's/^gpu_name_contains: *//p' "$f")
+    [ -n "$want" ] && [ -n "$card" ] && case "$card" in *"$want"*) HW=$(basename "$f" .yaml);; esac
+  done
 fi
 start=$(date +%s)
 for s in ${SWEEPS:-}; do
