@@ -138,6 +138,7 @@ CONSUMER_REGS = 232
 # named barriers: 9 / 10 the ping-pong pair; Q_READY_BARRIER + cid (PIPELINE with norms) one consumer warpgroup's
 # "normalized Q stored" barrier (the compiler takes 0-3 for its own CTA / partition barriers)
 Q_READY_BARRIER = tl.constexpr(11)
+K_READY_BARRIER = tl.constexpr(13)  # K_NORM_PRODUCER: the producer warpgroup's 128 threads, after their stores
 K_NORM_MODES = ("prepass", "inloop", "materialize")
 # LAZY_Q: register layout of a [64, 32] slice of one warpgroup's Q tile (flat offset row·32 + col) in which every
 # thread holds the rows it holds in the m64 wgmma accumulator (warp w: rows 16w..16w+15; lane l: rows l//4 and
@@ -173,8 +174,12 @@ class TilingConfig(TilingConfigBase):
     computes each Q tile's rstd_q once the tile has landed and hands it to the consumers through shared memory, so
     their tile prologue is one 64-value read instead of the sums of squares), ``PDL``
     (``K_NORM = "materialize"``: the fused op launches the attention kernel as a programmatic dependent of the K
-    pre-pass, which triggers it at once; the producer waits for the pre-pass before its first K load). Raises
-    ValueError naming the violated constraint."""
+    pre-pass, which triggers it at once; the producer waits for the pre-pass before its first K load),
+    ``K_NORM_PRODUCER`` (with ``RSTD_Q_PRODUCER``, not ``PDL``: no pre-pass kernel; the producer warpgroup scales
+    each landed K tile by its rows' rstd_k in shared memory (``(k · rstd_k)`` in K's dtype) before it releases the
+    tile to the consumers, and folds γq·γk into each Q tile after taking its rstd_q; the consumers' KV loop stays
+    the materialize form's, and one pass over K per launch becomes shared-memory work for every (Q tile, K tile)
+    pair). Raises ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 128
@@ -189,6 +194,7 @@ class TilingConfig(TilingConfigBase):
     LAZY_Q: bool = False
     RSTD_Q_PRODUCER: bool = False
     PDL: bool = False
+    K_NORM_PRODUCER: bool = False
 
     def __post_init__(self):
         if self.BLOCK_M != 128:
@@ -202,7 +208,7 @@ class TilingConfig(TilingConfigBase):
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
         for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q", "RSTD_Q_PRODUCER",
-                     "PDL"):
+                     "PDL", "K_NORM_PRODUCER"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.PINGPONG_PV and not (self.PIPELINE and self.PINGPONG):
@@ -223,6 +229,9 @@ class TilingConfig(TilingConfigBase):
         if self.RSTD_Q_PRODUCER and not (self.LAZY_Q and self.PERSISTENT):
             raise ValueError("RSTD_Q_PRODUCER needs LAZY_Q and PERSISTENT (the producer computes the next tile's "
                              "rstd_q while the consumers finish this one; one tile per CTA would delay its K loads)")
+        if self.K_NORM_PRODUCER and not (self.RSTD_Q_PRODUCER and not self.PDL):
+            raise ValueError("K_NORM_PRODUCER needs RSTD_Q_PRODUCER (the producer computes rstd_q from the raw Q tile "
+                             "before it folds γq·γk into it) and excludes PDL (there is no pre-pass to wait for)")
 
 
 @triton.jit
@@ -307,8 +316,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        LPT: tl.constexpr = False, WARP_ARRIVE: tl.constexpr = False,
                        PERSISTENT: tl.constexpr = False, LAZY_Q: tl.constexpr = False,
                        LAZY_Q_EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
-                       PROBE_RSTD_Q: tl.constexpr = 0, RSTD_Q_PRODUCER: tl.constexpr = False):
-    # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale
+                       PROBE_RSTD_Q: tl.constexpr = 0, RSTD_Q_PRODUCER: tl.constexpr = False,
+                       K_NORM_PRODUCER: tl.constexpr = False):
+    # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale;
+    # K_NORM_PRODUCER (with K_MATERIALIZED): K is raw; the producer scales each landed K tile by rstd_k in place
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
     COL_SCALE: tl.constexpr = NORM_QK and not K_MATERIALIZED  # scale S's columns by rstd_k (prepass / inloop)
@@ -358,6 +369,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
     else:
         k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_MMA_GROUPS)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
+    if K_NORM_PRODUCER:  # the raw K tile's TMA completion, seen by the producer only (k_fulls: the normalized tile)
+        k_landed = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
     if WARP_ARRIVE:
         v_empties = tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS, num_warps=4, num_arrivals=NUM_MMA_GROUPS)
     else:
@@ -396,10 +409,19 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                             tlx.barrier_wait(q_fulls[qi], (it // NUM_Q_BUFFERS) & 1)
                             ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
                             for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
-                                qc = tlx.local_load(tlx.local_slice(q_tiles[qi], [0, d0],
-                                                                    [BLOCK_M_SPLIT, RSTD_Q_CHUNK])).to(tl.float32)
+                                qslice = tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, RSTD_Q_CHUNK])
+                                qc = tlx.local_load(qslice).to(tl.float32)
                                 ss += tl.sum(qc * qc, 1)
+                                if K_NORM_PRODUCER:  # γq·γk folded into the Q tile (the K tiles get rstd_k only):
+                                    # the weights' address depends on the tile, so they are not hoisted out of the
+                                    # tile loop (8 x 8 fp32 held across the KV loop spill the producer's registers)
+                                    offs_w = d0 + tl.arange(0, RSTD_Q_CHUNK) + (it - it)
+                                    w = tl.load(KW + offs_w).to(tl.float32) * tl.load(QW + offs_w).to(tl.float32)
+                                    tlx.local_store(qslice, (qc * w[None, :]).to(dtype))
                             rstd_q = 1.0 / tl.sqrt(ss / HEAD_DIM + eps)
+                            if K_NORM_PRODUCER:  # the scaled Q tile is read by the consumers' wgmma
+                                tlx.fence("async_shared")
+                                tlx.named_barrier_wait(K_READY_BARRIER, 128)
                             tlx.local_store(rstd_bufs[qi],
                                             tl.broadcast_to(rstd_q[:, None], [BLOCK_M_SPLIT, RSTD_Q_COLS]))
                             tlx.barrier_arrive(rstd_fulls[qi], 1)
@@ -421,10 +443,14 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     buf = cnt % NUM_BUFFERS
                     kv_phase = kv_phase ^ (buf == 0)
                     tlx.barrier_wait(k_empties[buf], kv_phase)
-                    tlx.barrier_expect_bytes(k_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
-                    if PERSISTENT:
+                    if K_NORM_PRODUCER:
+                        tlx.barrier_expect_bytes(k_landed[buf], 2 * BLOCK_N * HEAD_DIM)
+                        tlx.async_descriptor_load(desc_k, k_tiles[buf], [hkv, start_n, 0], k_landed[buf])
+                    elif PERSISTENT:
+                        tlx.barrier_expect_bytes(k_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
                         tlx.async_descriptor_load(desc_k, k_tiles[buf], [hkv, start_n, 0], k_fulls[buf])
                     else:
+                        tlx.barrier_expect_bytes(k_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
                         tlx.async_descriptor_load(desc_k, k_tiles[buf], [start_n, 0], k_fulls[buf])
                     tlx.barrier_wait(v_empties[buf], kv_phase)
                     tlx.barrier_expect_bytes(v_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
@@ -432,6 +458,24 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                         tlx.async_descriptor_load(desc_v, v_tiles[buf], [hkv, start_n, 0], v_fulls[buf])
                     else:
                         tlx.async_descriptor_load(desc_v, v_tiles[buf], [start_n, 0], v_fulls[buf])
+                    if K_NORM_PRODUCER:  # k · rstd_k in place (V's load already issued; γq·γk are in the Q tile), in
+                        # [64, RSTD_Q_CHUNK] slices like the producer's rstd_q (its 40 registers); rows past S land as
+                        # zeros and stay 0
+                        tlx.barrier_wait(k_landed[buf], (cnt // NUM_BUFFERS) & 1)
+                        for r0 in tl.static_range(0, BLOCK_N, BLOCK_M_SPLIT):
+                            ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
+                            for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
+                                kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [r0, d0],
+                                                                    [BLOCK_M_SPLIT, RSTD_Q_CHUNK])).to(tl.float32)
+                                ss += tl.sum(kc * kc, 1)
+                            rstd_k = 1.0 / tl.sqrt(ss / HEAD_DIM + eps)
+                            for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
+                                kslice = tlx.local_slice(k_tiles[buf], [r0, d0], [BLOCK_M_SPLIT, RSTD_Q_CHUNK])
+                                kc = tlx.local_load(kslice).to(tl.float32)
+                                tlx.local_store(kslice, (kc * rstd_k[:, None]).to(dtype))
+                        tlx.fence("async_shared")  # generic-proxy stores -> the consumers' wgmma (async proxy)
+                        tlx.named_barrier_wait(K_READY_BARRIER, 128)  # every producer thread's rows are stored
+                        tlx.barrier_arrive(k_fulls[buf], 1)
                     cnt += 1
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_MMA_GROUPS):  # consumers
@@ -696,8 +740,10 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     if need_cuda and q.device.type != "cuda":
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); TLX has no CPU mode (use compile_sm90)")
     q, k, v = aligned(q), aligned(k), aligned(v)
-    o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps, cfg.K_NORM,
-                                                           norms, cfg.BLOCK_M, fold_qw=cfg.LAZY_Q)
+    k_producer = cfg.K_NORM_PRODUCER and norms  # k_n made in shared memory by the producer: no pre-pass
+    o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps,
+                                                           None if k_producer else cfg.K_NORM, norms, cfg.BLOCK_M,
+                                                           fold_qw=cfg.LAZY_Q and not k_producer)
     pdl = cfg.PDL and materialize  # norms with K_NORM = materialize: the only case with a pre-pass writing k_n
     if pdl:  # the pre-pass lets the attention kernel (a programmatic dependent) launch at once
         pre = pre[:3] + ({**pre[3], "PDL_TRIGGER": True},)
@@ -714,7 +760,8 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
               NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, K_PREPASS=prepass,
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
-              K_MATERIALIZED=materialize, PIPELINE=cfg.PIPELINE, PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
+              K_MATERIALIZED=materialize or k_producer, K_NORM_PRODUCER=k_producer, PIPELINE=cfg.PIPELINE,
+              PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
               WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT, LAZY_Q=cfg.LAZY_Q and norms,
               LAZY_Q_EARLY=cfg.PINGPONG, RSTD_Q_PRODUCER=cfg.RSTD_Q_PRODUCER and norms, PDL=pdl, launch_pdl=pdl,
               num_warps=4, num_stages=1)
