@@ -317,7 +317,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        PERSISTENT: tl.constexpr = False, LAZY_Q: tl.constexpr = False,
                        LAZY_Q_EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
                        PROBE_RSTD_Q: tl.constexpr = 0, RSTD_Q_PRODUCER: tl.constexpr = False,
-                       K_NORM_PRODUCER: tl.constexpr = False):
+                       K_NORM_PRODUCER: tl.constexpr = False, PROBE_KPROD: tl.constexpr = 0):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale;
     # K_NORM_PRODUCER (with K_MATERIALIZED): K is raw; the producer scales each landed K tile by rstd_k in place
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
@@ -371,6 +371,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
     if K_NORM_PRODUCER:  # the raw K tile's TMA completion, seen by the producer only (k_fulls: the normalized tile)
         k_landed = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
+        if PROBE_KPROD == 1:
+            kstat_bufs = tlx.local_alloc((BLOCK_M_SPLIT, RSTD_Q_COLS), tl.float32, BLOCK_N // BLOCK_M_SPLIT)
     if WARP_ARRIVE:
         v_empties = tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS, num_warps=4, num_arrivals=NUM_MMA_GROUPS)
     else:
@@ -469,10 +471,15 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                                                                     [BLOCK_M_SPLIT, RSTD_Q_CHUNK])).to(tl.float32)
                                 ss += tl.sum(kc * kc, 1)
                             rstd_k = 1.0 / tl.sqrt(ss / HEAD_DIM + eps)
-                            for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
-                                kslice = tlx.local_slice(k_tiles[buf], [r0, d0], [BLOCK_M_SPLIT, RSTD_Q_CHUNK])
-                                kc = tlx.local_load(kslice).to(tl.float32)
-                                tlx.local_store(kslice, (kc * rstd_k[:, None]).to(dtype))
+                            if PROBE_KPROD == 1:  # timing ablation (tools/fna_llm_breakdown_probe.py --kprod): the
+                                # sums and rstd_k only, to a scratch block; the K tile stays raw
+                                tlx.local_store(kstat_bufs[r0 // BLOCK_M_SPLIT],
+                                                tl.broadcast_to(rstd_k[:, None], [BLOCK_M_SPLIT, RSTD_Q_COLS]))
+                            else:
+                                for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
+                                    kslice = tlx.local_slice(k_tiles[buf], [r0, d0], [BLOCK_M_SPLIT, RSTD_Q_CHUNK])
+                                    kc = tlx.local_load(kslice).to(tl.float32)
+                                    tlx.local_store(kslice, (kc * rstd_k[:, None]).to(dtype))
                         tlx.fence("async_shared")  # generic-proxy stores -> the consumers' wgmma (async proxy)
                         tlx.named_barrier_wait(K_READY_BARRIER, 128)  # every producer thread's rows are stored
                         tlx.barrier_arrive(k_fulls[buf], 1)

@@ -15,9 +15,15 @@ fused kernel's data, raw q and k_n: the input effect), ``fused_attn_norstd`` (th
 per-row scale of 1: attention of q against k_n, checked as such), ``fused_attn_rstdload`` (rstd_q read from a
 [B·Hq, S] fp32 vector computed beforehand instead of from the Q tile in shared memory; checked as the fused op) and
 ``rstd_q_prepass`` (that vector's pre-pass kernel, ``_k_rstd_kernel`` over q). Every variant's output is checked
-before it is timed; each cell's NVML clock / power samples are recorded. GPU only:
+before it is timed; each cell's NVML clock / power samples are recorded.
 
-    python -m tools.fna_llm_breakdown_probe --out DIR [--config NAME] [--rounds 20] [--ablations]
+``--kprod`` (a ``-prodq`` config whose ``-kprod`` twin, ``K_NORM_PRODUCER``, is shipped) adds that twin, which has
+no pre-pass: ``kprod_fused`` (its one kernel; checked as the fused op) and ``kprod_sums`` (the same kernel with the
+``PROBE_KPROD`` constexpr, never set by the library: the producer computes every K tile's sums of squares and
+rstd_k but leaves the tile raw, so the kernel computes attention of ``rmsnorm(q)·γq·γk`` against the raw k, checked
+as such): how much of the in-place K scale's cost is the statistic alone. GPU only:
+
+    python -m tools.fna_llm_breakdown_probe --out DIR [--config NAME] [--rounds 20] [--ablations] [--kprod]
 
 from the repository root, TLX environment on the path; set ``NORMFUSE_GIT_SHA=$(cat .normfuse_git_sha)`` on a GPU
 host whose copy of the tree carries a stale ``.git`` (``tools/device_run.sh`` does that for the sweeps), else
@@ -97,6 +103,21 @@ def ablations(inp, causal: bool, cfg: dict, plan: tuple) -> tuple[dict, dict]:
     return fns, checks
 
 
+def kprod(inp, causal: bool, kcfg: dict) -> tuple[dict, dict]:
+    """``(callables, checks)`` of the ``--kprod`` variants (module docstring) for the ``-kprod`` config ``kcfg``."""
+    q, k, v, qw, kw = inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"]
+    o, launches, kwc, pre = K._prepare(q, k, v, qw, kw, None, causal, 1e-6, kcfg, True)
+    assert pre is None, "K_NORM_PRODUCER has no pre-pass"
+
+    def sums():
+        K._launch(launches, {**kwc, "PROBE_KPROD": 1}, None)
+        return o
+
+    qn = torch.nn.functional.rms_norm(q.float(), (q.shape[-1],), qw.float() * kw.float(), 1e-6).to(q.dtype)
+    fns = {"kprod_fused": lambda: K.qknorm_attention(q, k, v, qw, kw, causal=causal, config=kcfg), "kprod_sums": sums}
+    return fns, {"kprod_fused": ("fused", inp), "kprod_sums": ("attention", {**inp, "q": qn})}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for probe.json and meta.json")
@@ -105,6 +126,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=20, help="paired rounds per cell")
     ap.add_argument("--ablations", action="store_true",
                     help="add the PROBE_RSTD_Q variants (PERSISTENT LAZY_Q configs without RSTD_Q_PRODUCER)")
+    ap.add_argument("--kprod", action="store_true",
+                    help="add the config's K_NORM_PRODUCER twin (NAME-kprod) and its PROBE_KPROD variant")
     args = ap.parse_args()
     if args.config not in CFGS:
         ap.error(f"--config {args.config!r} is not a TLX entry of configs/tiling/fna_llm_h200.yaml")
@@ -112,6 +135,8 @@ def main():
     if args.ablations and (not (cfg.get("LAZY_Q") and cfg.get("PERSISTENT")) or cfg.get("RSTD_Q_PRODUCER")):
         ap.error("--ablations needs a PERSISTENT LAZY_Q config without RSTD_Q_PRODUCER (PROBE_RSTD_Q replaces the "
                  "consumers' rstd_q; RSTD_Q_PRODUCER would take precedence over it)")
+    if args.kprod and f"{args.config}-kprod" not in CFGS:
+        ap.error(f"--kprod needs a config with a shipped K_NORM_PRODUCER twin ({args.config}-kprod)")
     if not torch.cuda.is_available():
         ap.error("GPU only: the probe times TLX kernels on a CUDA device")
     rows = []
@@ -122,6 +147,10 @@ def main():
         checks = {"fused": ("fused", inp), "attn": ("attention", inp)}
         if args.ablations:
             extra, extra_checks = ablations(inp, causal, cfg, plan)
+            fns.update(extra)
+            checks.update(extra_checks)
+        if args.kprod:
+            extra, extra_checks = kprod(inp, causal, CFGS[f"{args.config}-kprod"])
             fns.update(extra)
             checks.update(extra_checks)
         for name, (impl, ref_inp) in checks.items():  # correct before timed
@@ -147,7 +176,7 @@ def main():
     from normfuse.sweep import git_info  # pandas: the GPU host's python has it, the CPU TLX venv not
 
     meta = {"tool": "tools.fna_llm_breakdown_probe", "argv": vars(args), **git_info(), "versions": versions(),
-            "gpu": gpu, "config": cfg, "shapes": SHAPES, "ablations": args.ablations,
+            "gpu": gpu, "config": cfg, "shapes": SHAPES, "ablations": args.ablations, "kprod": args.kprod,
             "checked": "every timed variant's output against the fp32 reference first (ablations: see the docstring)"}
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
     names = list(dict.fromkeys(r["name"] for r in rows))

@@ -155,6 +155,20 @@ def test_kprod_configs_compile(name, causal):
     assert ptx_code(attn) == ptx_code(C.ptx({**cfg, "K_NORM_PRODUCER": False}, False, causal))
 
 
+def test_probe_kprod_compiles():
+    """The breakdown probe's ``PROBE_KPROD = 1`` (tools/fna_llm_breakdown_probe.py --kprod): the producer keeps the
+    sums of squares but stores no scaled K tile — fewer shared-memory stores than the kernel as shipped, the
+    consumers' KV loops unchanged."""
+    cfg = KPROD["bn128-buf2-pipe-coop-persist-mat-lazyq-prodq-kprod"]
+    launches, kwd = C.launch(cfg, True, False)
+    (args, grid), = launches
+    probe = K._fna_llm_ws_kernel.warmup(*args, grid=grid, **kwd, PROBE_KPROD=1).asm["ptx"]
+    shipped = C.ptx(cfg, True, False)
+    stores = [len(re.findall(r"\bst\.shared", p)) for p in (probe, shipped)]
+    assert stores[0] < stores[1], stores
+    assert C.sass_loops(probe)[:2] == C.sass_loops(shipped)[:2]
+
+
 def test_kprod_config_validation():
     base = KPROD["bn128-buf2-pipe-coop-persist-mat-lazyq-prodq-kprod"]
     K.TilingConfig.from_dict(base)
