@@ -290,6 +290,34 @@ def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, ro
 
 
 @triton.jit
+def _k_scale_in_place(k_tiles, k_landed, k_fulls, kstat_bufs, c, eps, dtype: tl.constexpr,
+                      NUM_BUFFERS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                      PROBE_KPROD: tl.constexpr):
+    """``K_NORM_PRODUCER``, in the producer warpgroup: once the ring's ``c``-th K tile has landed, scale its rows by
+    rstd_k in place (``k · rstd_k`` in K's dtype; γq·γk are in the Q tile) and release it to the consumers
+    (``k_fulls``). ``[ROWS, RSTD_Q_CHUNK]`` slices like the producer's rstd_q (its 40 registers); the squares summed
+    elementwise, one cross-thread sum per row block; rows past S land as zeros and stay 0. ``PROBE_KPROD = 1``
+    (timing ablation, tools/fna_llm_breakdown_probe.py --kprod): rstd_k only, to the scratch ``kstat_bufs``."""
+    buf = c % NUM_BUFFERS
+    tlx.barrier_wait(k_landed[buf], (c // NUM_BUFFERS) & 1)
+    for r0 in tl.static_range(0, BLOCK_N, ROWS):
+        ssm = tl.zeros([ROWS, RSTD_Q_CHUNK], dtype=tl.float32)
+        for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
+            kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [r0, d0], [ROWS, RSTD_Q_CHUNK])).to(tl.float32)
+            ssm += kc * kc
+        rstd_k = 1.0 / tl.sqrt(tl.sum(ssm, 1) / HEAD_DIM + eps)
+        if PROBE_KPROD == 1:
+            tlx.local_store(kstat_bufs[r0 // ROWS], tl.broadcast_to(rstd_k[:, None], [ROWS, RSTD_Q_COLS]))
+        else:
+            for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
+                kslice = tlx.local_slice(k_tiles[buf], [r0, d0], [ROWS, RSTD_Q_CHUNK])
+                tlx.local_store(kslice, (tlx.local_load(kslice).to(tl.float32) * rstd_k[:, None]).to(dtype))
+    tlx.fence("async_shared")  # generic-proxy stores -> the consumers' wgmma (async proxy)
+    tlx.named_barrier_wait(K_READY_BARRIER, 128)  # every producer thread's rows are stored
+    tlx.barrier_arrive(k_fulls[buf], 1)
+
+
+@triton.jit
 def _persistent_tile(tile, num_m, BH, S, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """``PERSISTENT``: work tile index (0 .. num_m·BH - 1, one order every CTA agrees on) -> ``(start_m, bh, hkv,
     hi)``: causal: heaviest Q tiles first across all (batch, head) of the launch (``tile // BH`` counts down from
@@ -371,6 +399,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
     if K_NORM_PRODUCER:  # the raw K tile's TMA completion, seen by the producer only (k_fulls: the normalized tile)
         k_landed = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
+        kstat_bufs = k_tiles  # PROBE_KPROD only: a scratch block for the rstd_k it computes and drops
         if PROBE_KPROD == 1:
             kstat_bufs = tlx.local_alloc((BLOCK_M_SPLIT, RSTD_Q_COLS), tl.float32, BLOCK_N // BLOCK_M_SPLIT)
     if WARP_ARRIVE:
@@ -448,6 +477,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     if K_NORM_PRODUCER:
                         tlx.barrier_expect_bytes(k_landed[buf], 2 * BLOCK_N * HEAD_DIM)
                         tlx.async_descriptor_load(desc_k, k_tiles[buf], [hkv, start_n, 0], k_landed[buf])
+                        if start_n > 0:  # the previous K tile, while this one lands; before this tile's V load,
+                            # whose buffer the consumers free only after the previous tile's QKᵀ (2 buffers)
+                            _k_scale_in_place(k_tiles, k_landed, k_fulls, kstat_bufs, cnt - 1, eps, dtype,
+                                              NUM_BUFFERS, HEAD_DIM, BLOCK_N, BLOCK_M_SPLIT, PROBE_KPROD)
                     elif PERSISTENT:
                         tlx.barrier_expect_bytes(k_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
                         tlx.async_descriptor_load(desc_k, k_tiles[buf], [hkv, start_n, 0], k_fulls[buf])
@@ -460,30 +493,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                         tlx.async_descriptor_load(desc_v, v_tiles[buf], [hkv, start_n, 0], v_fulls[buf])
                     else:
                         tlx.async_descriptor_load(desc_v, v_tiles[buf], [start_n, 0], v_fulls[buf])
-                    if K_NORM_PRODUCER:  # k · rstd_k in place (V's load already issued; γq·γk are in the Q tile), in
-                        # [64, RSTD_Q_CHUNK] slices like the producer's rstd_q (its 40 registers); rows past S land as
-                        # zeros and stay 0
-                        tlx.barrier_wait(k_landed[buf], (cnt // NUM_BUFFERS) & 1)
-                        for r0 in tl.static_range(0, BLOCK_N, BLOCK_M_SPLIT):
-                            ss = tl.zeros([BLOCK_M_SPLIT], dtype=tl.float32)
-                            for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
-                                kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [r0, d0],
-                                                                    [BLOCK_M_SPLIT, RSTD_Q_CHUNK])).to(tl.float32)
-                                ss += tl.sum(kc * kc, 1)
-                            rstd_k = 1.0 / tl.sqrt(ss / HEAD_DIM + eps)
-                            if PROBE_KPROD == 1:  # timing ablation (tools/fna_llm_breakdown_probe.py --kprod): the
-                                # sums and rstd_k only, to a scratch block; the K tile stays raw
-                                tlx.local_store(kstat_bufs[r0 // BLOCK_M_SPLIT],
-                                                tl.broadcast_to(rstd_k[:, None], [BLOCK_M_SPLIT, RSTD_Q_COLS]))
-                            else:
-                                for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
-                                    kslice = tlx.local_slice(k_tiles[buf], [r0, d0], [BLOCK_M_SPLIT, RSTD_Q_CHUNK])
-                                    kc = tlx.local_load(kslice).to(tl.float32)
-                                    tlx.local_store(kslice, (kc * rstd_k[:, None]).to(dtype))
-                        tlx.fence("async_shared")  # generic-proxy stores -> the consumers' wgmma (async proxy)
-                        tlx.named_barrier_wait(K_READY_BARRIER, 128)  # every producer thread's rows are stored
-                        tlx.barrier_arrive(k_fulls[buf], 1)
                     cnt += 1
+                if K_NORM_PRODUCER:  # the work tile's last K tile
+                    _k_scale_in_place(k_tiles, k_landed, k_fulls, kstat_bufs, cnt - 1, eps, dtype, NUM_BUFFERS,
+                                      HEAD_DIM, BLOCK_N, BLOCK_M_SPLIT, PROBE_KPROD)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_MMA_GROUPS):  # consumers
             cid: tl.constexpr = tlx.async_task_replica_id()

@@ -137,18 +137,18 @@ def test_prodq_configs_compile(name, causal):
 def test_kprod_configs_compile(name, causal):
     """``K_NORM_PRODUCER``: no K pre-pass kernel; the producer scales the landed K tile in place (its stores, a
     proxy fence and its own named barrier before it releases the tile) and folds the weights into the Q tile; the
-    consumers' KV loops stay their ``-prodq`` twin's (measured: +1…+4 SASS instructions), spills stay at most 16
-    bytes (measured: 4 non-causal, 16 causal) and none in a KV loop; attention ignores the option."""
+    consumers' KV loops stay their ``-prodq`` twin's (measured: +2…+8 SASS instructions), spills stay at most 32
+    bytes (measured: 8 non-causal, 28 causal) and none in a KV loop; attention ignores the option."""
     cfg = KPROD[name]
     fused, attn = C.ptx(cfg, True, causal), C.ptx(cfg, False, causal)
     twin = C.ptx(PRODQ[name.removesuffix("-kprod")], True, causal)
     lf, lt = C.sass_loops(fused), C.sass_loops(twin)
     assert len(lf) == len(lt) and all(abs(f - t) <= 8 for f, t in zip(lf, lt)), (lf, lt)
     spill, in_loop = C.sass_spills(fused)
-    assert spill <= 16 and not in_loop, (spill, in_loop)
+    assert spill <= 32 and not in_loop, (spill, in_loop)
     ready = re.compile(rf"\bbar\.sync\s+{K.K_READY_BARRIER.value},")
-    # after the K tile's stores and each consumer warpgroup's Q tile's
-    assert len(ready.findall(fused)) == 1 + K.NUM_MMA_GROUPS and not ready.search(twin)
+    # after the K tile's stores (in the KV loop and after it) and each consumer warpgroup's Q tile's
+    assert len(ready.findall(fused)) == 2 + K.NUM_MMA_GROUPS and not ready.search(twin)
     assert fused.count("fence.proxy.async") > twin.count("fence.proxy.async")
     r = K.compile_sm90("qknorm_attention", *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=causal)
     assert "k_prepass" not in r and r["smem_ok"], r
