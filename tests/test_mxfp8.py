@@ -17,6 +17,9 @@ import torch
 
 from normfuse import mxfp8 as mx
 
+# CI installs the pinned torchao; the offline GPU bundle has none, and these CPU tests must not stop the collection
+# of `make test-gpu` there (a module-level ImportError interrupts the whole pytest session)
+pytest.importorskip("torchao", reason="torchao (requirements/upstream.txt) is the MXFP8 reference of these CPU tests")
 from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: E402
 from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx  # noqa: E402
 
