@@ -229,9 +229,11 @@ class TilingConfig(TilingConfigBase):
         if self.RSTD_Q_PRODUCER and not (self.LAZY_Q and self.PERSISTENT):
             raise ValueError("RSTD_Q_PRODUCER needs LAZY_Q and PERSISTENT (the producer computes the next tile's "
                              "rstd_q while the consumers finish this one; one tile per CTA would delay its K loads)")
-        if self.K_NORM_PRODUCER and not (self.RSTD_Q_PRODUCER and not self.PDL):
+        if self.K_NORM_PRODUCER and not self.RSTD_Q_PRODUCER:
             raise ValueError("K_NORM_PRODUCER needs RSTD_Q_PRODUCER (the producer computes rstd_q from the raw Q tile "
-                             "before it folds γq·γk into it) and excludes PDL (there is no pre-pass to wait for)")
+                             "before it folds γq·γk into it)")
+        if self.K_NORM_PRODUCER and self.PDL:
+            raise ValueError("K_NORM_PRODUCER excludes PDL (there is no K pre-pass to wait for)")
 
 
 @triton.jit
@@ -443,10 +445,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                                 qslice = tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, RSTD_Q_CHUNK])
                                 qc = tlx.local_load(qslice).to(tl.float32)
                                 ss += tl.sum(qc * qc, 1)
-                                if K_NORM_PRODUCER:  # γq·γk folded into the Q tile (the K tiles get rstd_k only):
-                                    # the weights' address depends on the tile, so they are not hoisted out of the
-                                    # tile loop (8 x 8 fp32 held across the KV loop spill the producer's registers)
-                                    offs_w = d0 + tl.arange(0, RSTD_Q_CHUNK) + (it - it)
+                                if K_NORM_PRODUCER:  # γq·γk folded into the Q tile, once per tile: the K tiles
+                                    # get rstd_k only (the weights in the per-K-tile scale spilled the producer's
+                                    # registers: 392-436 bytes in a CPU compile)
+                                    offs_w = d0 + tl.arange(0, RSTD_Q_CHUNK)
                                     w = tl.load(KW + offs_w).to(tl.float32) * tl.load(QW + offs_w).to(tl.float32)
                                     tlx.local_store(qslice, (qc * w[None, :]).to(dtype))
                             rstd_q = 1.0 / tl.sqrt(ss / HEAD_DIM + eps)
@@ -807,7 +809,8 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     (``_k_rstd_kernel``: rstd_k, fp32 ``[B, Hkv, S]`` scratch) or ``"materialize"`` (``_k_norm_kernel``: the
     normalized copy ``k_n = (k · rstd_k · γk).to(k.dtype)``, ``[B, Hkv, S, D]`` scratch, which the attention
     kernel then streams instead of k; one extra write + read of K, ``2·B·Hkv·S·D·2`` bytes, as an inference engine
-    pays anyway when it writes the normalized K into its KV cache).
+    pays anyway when it writes the normalized K into its KV cache); with ``K_NORM_PRODUCER`` there is no pre-pass
+    (the kernel's producer normalizes each K tile in shared memory; ``TilingConfig``).
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv, D in {64, 128}), weights ``[D]``, one
     dtype (bf16/fp16), contiguous CUDA tensors. Any B·Hq (one launch per slice of at most 65535 (batch, head)
