@@ -179,7 +179,10 @@ class TilingConfig(TilingConfigBase):
     each landed K tile by its rows' rstd_k in shared memory (``(k · rstd_k)`` in K's dtype) before it releases the
     tile to the consumers, and folds γq·γk into each Q tile after taking its rstd_q; the consumers' KV loop stays
     the materialize form's, and one pass over K per launch becomes shared-memory work for every (Q tile, K tile)
-    pair). Raises ValueError naming the violated constraint."""
+    pair), ``K_RSTD_PRODUCER`` (with ``RSTD_Q_PRODUCER``, not ``PDL`` or ``K_NORM_PRODUCER``: no pre-pass kernel
+    either; the consumers' QKᵀ reads the raw K tile as soon as it lands, the producer computes the tile's rstd_k
+    meanwhile and hands it over in shared memory, and the softmax scales S's columns by it, one multiply per score;
+    γq·γk folded into the Q tile as with ``K_NORM_PRODUCER``). Raises ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 128
@@ -195,6 +198,7 @@ class TilingConfig(TilingConfigBase):
     RSTD_Q_PRODUCER: bool = False
     PDL: bool = False
     K_NORM_PRODUCER: bool = False
+    K_RSTD_PRODUCER: bool = False
 
     def __post_init__(self):
         if self.BLOCK_M != 128:
@@ -208,7 +212,7 @@ class TilingConfig(TilingConfigBase):
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
         for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q", "RSTD_Q_PRODUCER",
-                     "PDL", "K_NORM_PRODUCER"):
+                     "PDL", "K_NORM_PRODUCER", "K_RSTD_PRODUCER"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.PINGPONG_PV and not (self.PIPELINE and self.PINGPONG):
@@ -234,6 +238,11 @@ class TilingConfig(TilingConfigBase):
                              "before it folds γq·γk into it)")
         if self.K_NORM_PRODUCER and self.PDL:
             raise ValueError("K_NORM_PRODUCER excludes PDL (there is no K pre-pass to wait for)")
+        if self.K_RSTD_PRODUCER and not self.RSTD_Q_PRODUCER:
+            raise ValueError("K_RSTD_PRODUCER needs RSTD_Q_PRODUCER (the producer computes rstd_q from the raw Q tile "
+                             "before it folds γq·γk into it)")
+        if self.K_RSTD_PRODUCER and (self.PDL or self.K_NORM_PRODUCER):
+            raise ValueError("K_RSTD_PRODUCER excludes PDL and K_NORM_PRODUCER (no K pre-pass; K stays raw)")
 
 
 @triton.jit
@@ -320,6 +329,27 @@ def _k_scale_in_place(k_tiles, k_landed, k_fulls, kstat_bufs, c, eps, dtype: tl.
 
 
 @triton.jit
+def _k_rstd_to_scratch(k_tiles, k_fulls, kstat_fulls, kstat, c, eps, NUM_BUFFERS: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    """``K_RSTD_PRODUCER``, in the producer warpgroup: once the ring's ``c``-th K tile has landed (the consumers'
+    QKᵀ reads it meanwhile), its rows' rstd_k to the CTA's global scratch ``kstat`` (``[NUM_BUFFERS, BLOCK_N]``
+    fp32: the consumers' plain load of it takes the accumulator's column layout, which a pinned shared-memory read
+    did not) and ``kstat_fulls`` arrived (release; the consumers' wait acquires). Sums of squares elementwise over
+    ``[ROWS, RSTD_Q_CHUNK]`` slices; rows past S land as zeros (their rstd_k, 1/sqrt(eps), scales zero scores that
+    are masked anyway)."""
+    buf = c % NUM_BUFFERS
+    tlx.barrier_wait(k_fulls[buf], (c // NUM_BUFFERS) & 1)
+    for r0 in tl.static_range(0, BLOCK_N, ROWS):
+        ssm = tl.zeros([ROWS, RSTD_Q_CHUNK], dtype=tl.float32)
+        for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
+            kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [r0, d0], [ROWS, RSTD_Q_CHUNK])).to(tl.float32)
+            ssm += kc * kc
+        tl.store(kstat + buf * BLOCK_N + r0 + tl.arange(0, ROWS), 1.0 / tl.sqrt(tl.sum(ssm, 1) / HEAD_DIM + eps))
+    tlx.named_barrier_wait(K_READY_BARRIER, 128)  # every producer thread's values are stored
+    tlx.barrier_arrive(kstat_fulls[buf], 1)
+
+
+@triton.jit
 def _persistent_tile(tile, num_m, BH, S, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """``PERSISTENT``: work tile index (0 .. num_m·BH - 1, one order every CTA agrees on) -> ``(start_m, bh, hkv,
     hi)``: causal: heaviest Q tiles first across all (batch, head) of the launch (``tile // BH`` counts down from
@@ -347,7 +377,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        PERSISTENT: tl.constexpr = False, LAZY_Q: tl.constexpr = False,
                        LAZY_Q_EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
                        PROBE_RSTD_Q: tl.constexpr = 0, RSTD_Q_PRODUCER: tl.constexpr = False,
-                       K_NORM_PRODUCER: tl.constexpr = False, PROBE_KPROD: tl.constexpr = 0):
+                       K_NORM_PRODUCER: tl.constexpr = False, PROBE_KPROD: tl.constexpr = 0,
+                       K_RSTD_PRODUCER: tl.constexpr = False):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale;
     # K_NORM_PRODUCER (with K_MATERIALIZED): K is raw; the producer scales each landed K tile by rstd_k in place
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
@@ -404,6 +435,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
         kstat_bufs = k_tiles  # PROBE_KPROD only: a scratch block for the rstd_k it computes and drops
         if PROBE_KPROD == 1:
             kstat_bufs = tlx.local_alloc((BLOCK_M_SPLIT, RSTD_Q_COLS), tl.float32, BLOCK_N // BLOCK_M_SPLIT)
+    if K_RSTD_PRODUCER:  # rstd_k of each K buffer, from the producer, in the CTA's slice of the scratch passed in
+        # RSTD_K's slot (reused once the consumers release the buffer)
+        kstat = RSTD_K + tl.program_id(0).to(tl.int64) * (NUM_BUFFERS * BLOCK_N)
+        kstat_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
     if WARP_ARRIVE:
         v_empties = tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS, num_warps=4, num_arrivals=NUM_MMA_GROUPS)
     else:
@@ -452,11 +487,21 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                                     w = tl.load(KW + offs_w).to(tl.float32) * tl.load(QW + offs_w).to(tl.float32)
                                     tlx.local_store(qslice, (qc * w[None, :]).to(dtype))
                             rstd_q = 1.0 / tl.sqrt(ss / HEAD_DIM + eps)
-                            if K_NORM_PRODUCER:  # the scaled Q tile is read by the consumers' wgmma
+                            if K_RSTD_PRODUCER:  # Q normalized in place, q·rstd_q·γq·γk: the consumers' softmax
+                                # then has one anchor layout, the columns' (with a row one too, the compiler
+                                # computed the softmax twice, in both layouts)
+                                for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
+                                    qslice = tlx.local_slice(q_tiles[qi], [0, d0], [BLOCK_M_SPLIT, RSTD_Q_CHUNK])
+                                    offs_w = d0 + tl.arange(0, RSTD_Q_CHUNK)
+                                    w = tl.load(KW + offs_w).to(tl.float32) * tl.load(QW + offs_w).to(tl.float32)
+                                    qc = tlx.local_load(qslice).to(tl.float32)
+                                    tlx.local_store(qslice, (qc * rstd_q[:, None] * w[None, :]).to(dtype))
+                            if K_NORM_PRODUCER or K_RSTD_PRODUCER:  # the rewritten Q tile is read by the wgmma
                                 tlx.fence("async_shared")
                                 tlx.named_barrier_wait(K_READY_BARRIER, 128)
-                            tlx.local_store(rstd_bufs[qi],
-                                            tl.broadcast_to(rstd_q[:, None], [BLOCK_M_SPLIT, RSTD_Q_COLS]))
+                            if not K_RSTD_PRODUCER:
+                                tlx.local_store(rstd_bufs[qi],
+                                                tl.broadcast_to(rstd_q[:, None], [BLOCK_M_SPLIT, RSTD_Q_COLS]))
                             tlx.barrier_arrive(rstd_fulls[qi], 1)
                     tile += tl.num_programs(0)
                 else:  # per-(batch, head) descriptors [S, D]
@@ -486,6 +531,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     elif PERSISTENT:
                         tlx.barrier_expect_bytes(k_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
                         tlx.async_descriptor_load(desc_k, k_tiles[buf], [hkv, start_n, 0], k_fulls[buf])
+                        if K_RSTD_PRODUCER and start_n > 0:  # the previous tile's rstd_k, before this tile's V
+                            # load (whose buffer the consumers free only after the previous tile's softmax)
+                            _k_rstd_to_scratch(k_tiles, k_fulls, kstat_fulls, kstat, cnt - 1, eps, NUM_BUFFERS,
+                                               HEAD_DIM, BLOCK_N, BLOCK_M_SPLIT)
                     else:
                         tlx.barrier_expect_bytes(k_fulls[buf], 2 * BLOCK_N * HEAD_DIM)
                         tlx.async_descriptor_load(desc_k, k_tiles[buf], [start_n, 0], k_fulls[buf])
@@ -499,6 +548,9 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                 if K_NORM_PRODUCER:  # the work tile's last K tile
                     _k_scale_in_place(k_tiles, k_landed, k_fulls, kstat_bufs, cnt - 1, eps, dtype, NUM_BUFFERS,
                                       HEAD_DIM, BLOCK_N, BLOCK_M_SPLIT, PROBE_KPROD)
+                if K_RSTD_PRODUCER:
+                    _k_rstd_to_scratch(k_tiles, k_fulls, kstat_fulls, kstat, cnt - 1, eps, NUM_BUFFERS, HEAD_DIM,
+                                       BLOCK_N, BLOCK_M_SPLIT)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_MMA_GROUPS):  # consumers
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -525,8 +577,10 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     # read from global memory (passed in RSTD_K's slot) instead of computed from the Q tile
                     rstd_q = tl.load(RSTD_K + bh.to(tl.int64) * S + offs_m, mask=offs_m < S, other=1.0)
                 tlx.barrier_wait(q_fulls[qi], q_phase)
-                if PIPELINE and (LAZY_Q or not NORM_QK):  # the QKᵀ A operand straight from the TMA-loaded
-                    q = q_tiles[qi]  # buffer (SS wgmma); LAZY_Q: the raw Q, its rstd scales S's rows
+                if PIPELINE and (LAZY_Q or not NORM_QK or K_RSTD_PRODUCER):  # the QKᵀ A operand straight from
+                    # the TMA-loaded buffer (SS wgmma); LAZY_Q: the raw Q, its rstd scales S's rows; K_RSTD_PRODUCER:
+                    # normalized in place by the producer
+                    q = q_tiles[qi]
                 else:
                     qf = tlx.local_load(q_tiles[qi]).to(tl.float32)
                     if K_MATERIALIZED:  # once per Q tile; K arrives normalized (k_n, γk included): γq only
@@ -558,7 +612,9 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     if K_PREPASS:
                         rstd_k = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0)
                     s_scale = qk_scale
-                    if RSTD_Q_PRODUCER:  # rstd_q from the producer: one read, in the accumulator's row layout
+                    if K_RSTD_PRODUCER:  # the producer has normalized the Q tile
+                        tlx.barrier_wait(rstd_fulls[qi], q_phase)
+                    elif RSTD_Q_PRODUCER:  # rstd_q from the producer: one read, in the accumulator's row layout
                         tlx.barrier_wait(rstd_fulls[qi], q_phase)
                         s_scale = tl.max(tlx.local_load(rstd_bufs[qi], layout=RSTD_ROWS_LAYOUT), 1) * qk_scale
                     elif LAZY_Q and PROBE_RSTD_Q == 1:  # timing ablation: no rstd_q at all (a per-row scale of 1; the
@@ -599,8 +655,16 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                             ss += tl.sum(qc * qc, 1)
                         s_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
                     qk = tlx.async_dot_wait(0, qk)
+                    if K_RSTD_PRODUCER:  # this tile's rstd_k, read before the K buffer (and its block) is released
+                        tlx.barrier_wait(kstat_fulls[buf], (cnt // NUM_BUFFERS) & 1)
+                        col_scale = tl.load(kstat + buf * BLOCK_N + tl.arange(0, BLOCK_N), cache_modifier=".cg") * qk_scale
                     tlx.barrier_arrive(k_empties[buf], 1)
-                    if LAZY_Q:  # inline: s_scale carries the pinned row layout, which a jit call cannot take
+                    if K_RSTD_PRODUCER:  # _softmax_tile's column-scale form, inline
+                        qk = _mask_tile(qk * col_scale[None, :], offs_m, offs_n, 0, row0, S, BLOCK_N, CAUSAL)
+                        m_i = tl.max(qk, 1)
+                        p = tl.math.exp2(qk - m_i[:, None])
+                        l_i = tl.sum(p, 1)
+                    elif LAZY_Q:  # inline: s_scale carries the pinned row layout, which a jit call cannot take
                         qk = _mask_tile(qk, offs_m, offs_n, 0, row0, S, BLOCK_N, CAUSAL)
                         m_i = tl.max(qk, 1) * s_scale
                         p = tl.math.exp2(qk * s_scale[:, None] - m_i[:, None])
@@ -630,8 +694,19 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                             # registers across the issue)
                             col_scale = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0) * qk_scale
                         qk = tlx.async_dot_wait(1, qk)  # this tile's QKᵀ done; the previous PV may still run
+                        if K_RSTD_PRODUCER:
+                            tlx.barrier_wait(kstat_fulls[buf], phase)
+                            col_scale = tl.load(kstat + buf * BLOCK_N + tl.arange(0, BLOCK_N),
+                                                cache_modifier=".cg") * qk_scale
                         tlx.barrier_arrive(k_empties[buf], 1)
-                        if LAZY_Q:  # _softmax_tile with the per-row scale, inline (see the first tile)
+                        if K_RSTD_PRODUCER:  # _softmax_tile's column-scale form, inline (see the first tile)
+                            qk = _mask_tile(qk * col_scale[None, :], offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)
+                            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+                            p_new = tl.math.exp2(qk - m_ij[:, None])
+                            alpha = tl.math.exp2(m_i - m_ij)
+                            l_i = l_i * alpha + tl.sum(p_new, 1)
+                            m_i = m_ij
+                        elif LAZY_Q:  # _softmax_tile with the per-row scale, inline (see the first tile)
                             qk = _mask_tile(qk, offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)
                             m_ij = tl.maximum(m_i, tl.max(qk, 1) * s_scale)
                             p_new = tl.math.exp2(qk * s_scale[:, None] - m_ij[:, None])
@@ -762,7 +837,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
     if need_cuda and q.device.type != "cuda":
         raise ValueError(f"inputs must be CUDA tensors (got {q.device}); TLX has no CPU mode (use compile_sm90)")
     q, k, v = aligned(q), aligned(k), aligned(v)
-    k_producer = cfg.K_NORM_PRODUCER and norms  # k_n made in shared memory by the producer: no pre-pass
+    k_producer = (cfg.K_NORM_PRODUCER or cfg.K_RSTD_PRODUCER) and norms  # K's norm in the kernel: no pre-pass
     o, launches, pre, prepass, materialize = plan_launches(q, k, v, q_weight, k_weight, o_weight, eps,
                                                            None if k_producer else cfg.K_NORM, norms, cfg.BLOCK_M,
                                                            fold_qw=cfg.LAZY_Q and not k_producer)
@@ -777,14 +852,21 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
                              f"{smem // 1024} KiB of shared memory (two Q buffers + the K/V ring), more than the "
                              f"{SMEM_LIMIT_BYTES // 1024} KiB of one CTA: use fewer NUM_BUFFERS")
         launches = [_persistent_launch(launches, q, k, v, o, pre, prepass, materialize, cfg, _num_sms(q.device))]
+        if k_producer and cfg.K_RSTD_PRODUCER:  # the producer's rstd_k scratch, NUM_BUFFERS x BLOCK_N fp32 per CTA,
+            (args, grid), = launches  # in rstd_k's argument slot
+            scratch = torch.empty(grid[0] * cfg.NUM_BUFFERS * cfg.BLOCK_N, dtype=torch.float32, device=q.device)
+            launches = [(args[:7] + (scratch,) + args[8:], grid)]
     else:
         launches = [(args + (grid[1],), grid) for args, grid in launches]  # BH: the slice's (batch, head) pairs
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
               NUM_MMA_GROUPS=NUM_MMA_GROUPS, CAUSAL=causal, NORM_QK=norms, K_PREPASS=prepass,
               NORM_O=o_weight is not None, PINGPONG=cfg.PINGPONG, CONSUMER_REGS=CONSUMER_REGS,
-              K_MATERIALIZED=materialize or k_producer, K_NORM_PRODUCER=k_producer, PIPELINE=cfg.PIPELINE,
+              K_MATERIALIZED=materialize or (k_producer and cfg.K_NORM_PRODUCER),
+              K_NORM_PRODUCER=k_producer and cfg.K_NORM_PRODUCER, K_RSTD_PRODUCER=k_producer and cfg.K_RSTD_PRODUCER,
+              PIPELINE=cfg.PIPELINE,
               PINGPONG_PV=cfg.PINGPONG_PV, LPT=cfg.LPT,
-              WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT, LAZY_Q=cfg.LAZY_Q and norms,
+              WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT,
+              LAZY_Q=cfg.LAZY_Q and norms and not cfg.K_RSTD_PRODUCER,
               LAZY_Q_EARLY=cfg.PINGPONG, RSTD_Q_PRODUCER=cfg.RSTD_Q_PRODUCER and norms, PDL=pdl, launch_pdl=pdl,
               num_warps=4, num_stages=1)
     return o, launches, kw, pre

@@ -21,7 +21,8 @@ before it is timed; each cell's NVML clock / power samples are recorded.
 no pre-pass: ``kprod_fused`` (its one kernel; checked as the fused op) and ``kprod_sums`` (the same kernel with the
 ``PROBE_KPROD`` constexpr, never set by the library: the producer computes every K tile's sums of squares and
 rstd_k but leaves the tile raw, so the kernel computes attention of ``rmsnorm(q)·γq·γk`` against the raw k, checked
-as such): how much of the in-place K scale's cost is the statistic alone. GPU only:
+as such): how much of the in-place K scale's cost is the statistic alone; and, where the ``-krstd`` twin
+(``K_RSTD_PRODUCER``) is shipped, ``krstd_fused`` (its one kernel, checked as the fused op). GPU only:
 
     python -m tools.fna_llm_breakdown_probe --out DIR [--config NAME] [--rounds 20] [--ablations] [--kprod]
 
@@ -103,8 +104,9 @@ def ablations(inp, causal: bool, cfg: dict, plan: tuple) -> tuple[dict, dict]:
     return fns, checks
 
 
-def kprod(inp, causal: bool, kcfg: dict) -> tuple[dict, dict]:
-    """``(callables, checks)`` of the ``--kprod`` variants (module docstring) for the ``-kprod`` config ``kcfg``."""
+def kprod(inp, causal: bool, kcfg: dict, rcfg: dict | None = None) -> tuple[dict, dict]:
+    """``(callables, checks)`` of the ``--kprod`` variants (module docstring) for the ``-kprod`` config ``kcfg``
+    and, if given, the ``-krstd`` config ``rcfg``."""
     q, k, v, qw, kw = inp["q"], inp["k"], inp["v"], inp["q_weight"], inp["k_weight"]
     o, launches, kwc, pre = K._prepare(q, k, v, qw, kw, None, causal, 1e-6, kcfg, True)
     assert pre is None, "K_NORM_PRODUCER has no pre-pass"
@@ -123,7 +125,11 @@ def kprod(inp, causal: bool, kcfg: dict) -> tuple[dict, dict]:
         return T.compare(out, ref, tol)
 
     fns = {"kprod_fused": lambda: K.qknorm_attention(q, k, v, qw, kw, causal=causal, config=kcfg), "kprod_sums": sums}
-    return fns, {"kprod_fused": ("fused", inp), "kprod_sums": (check_sums, None)}
+    checks = {"kprod_fused": ("fused", inp), "kprod_sums": (check_sums, None)}
+    if rcfg is not None:
+        fns["krstd_fused"] = lambda: K.qknorm_attention(q, k, v, qw, kw, causal=causal, config=rcfg)
+        checks["krstd_fused"] = ("fused", inp)
+    return fns, checks
 
 
 def main():
@@ -158,7 +164,7 @@ def main():
             fns.update(extra)
             checks.update(extra_checks)
         if args.kprod:
-            extra, extra_checks = kprod(inp, causal, CFGS[f"{args.config}-kprod"])
+            extra, extra_checks = kprod(inp, causal, CFGS[f"{args.config}-kprod"], CFGS.get(f"{args.config}-krstd"))
             fns.update(extra)
             checks.update(extra_checks)
         for name, (impl, ref_inp) in checks.items():  # correct before timed (impl: a T.check impl or a check)

@@ -52,13 +52,17 @@ ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
 LAZY = {n: c for n, c in ALL.items() if c.get("LAZY_Q") and not c.get("PDL") and not c.get("RSTD_Q_PRODUCER")}
 assert set(LAZY) == {"bn128-buf2-pipe-pingpong-lpt-mat-lazyq", "bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                      "bn128-buf2-pipe-coop-persist-mat-lazyq"}, LAZY
-PRODQ = {n: c for n, c in ALL.items() if c.get("RSTD_Q_PRODUCER") and not c.get("K_NORM_PRODUCER")}
+PRODQ = {n: c for n, c in ALL.items()
+         if c.get("RSTD_Q_PRODUCER") and not (c.get("K_NORM_PRODUCER") or c.get("K_RSTD_PRODUCER"))}
 assert set(PRODQ) == {f"{n}-prodq" for n in ("bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                                              "bn128-buf2-pipe-coop-persist-mat-lazyq")}, PRODQ
 assert all(PRODQ[n] == {**LAZY[n.removesuffix("-prodq")], "RSTD_Q_PRODUCER": True} for n in PRODQ)
 KPROD = {n: c for n, c in ALL.items() if c.get("K_NORM_PRODUCER")}  # each a PRODQ entry plus "-kprod"
 assert set(KPROD) == {f"{n}-kprod" for n in PRODQ}, KPROD
 assert all(KPROD[n] == {**PRODQ[n.removesuffix("-kprod")], "K_NORM_PRODUCER": True} for n in KPROD)
+KRSTD = {n: c for n, c in ALL.items() if c.get("K_RSTD_PRODUCER")}  # each a PRODQ entry plus "-krstd"
+assert set(KRSTD) == {f"{n}-krstd" for n in PRODQ}, KRSTD
+assert all(KRSTD[n] == {**PRODQ[n.removesuffix("-krstd")], "K_RSTD_PRODUCER": True} for n in KRSTD)
 PDL = {n: c for n, c in ALL.items() if c.get("PDL")}  # each the same entry without PDL plus "-pdl"
 assert set(PDL) == {f"{n}-pdl" for n in ("bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                                          "bn128-buf2-pipe-coop-persist-mat-lazyq",
@@ -158,6 +162,29 @@ def test_kprod_configs_compile(name, causal):
     assert ptx_code(attn) == ptx_code(C.ptx({**cfg, "K_NORM_PRODUCER": False}, False, causal))
 
 
+@pytest.mark.parametrize("name", list(KRSTD))
+@pytest.mark.parametrize("causal", [True, False])
+def test_krstd_configs_compile(name, causal):
+    """``K_RSTD_PRODUCER``: no K pre-pass kernel; the consumers' KV loops are their ``-prodq`` twin's plus the
+    column scale (one multiply per score, 64 per thread and step, and the rstd_k load; measured +84…+93 SASS
+    instructions), no spills in a KV loop (at most 32 bytes elsewhere; measured 8 non-causal, 28 causal), every
+    K-ready barrier after a proxy fence (the producer's in-place Q normalization); attention ignores the option."""
+    cfg = KRSTD[name]
+    fused, attn = C.ptx(cfg, True, causal), C.ptx(cfg, False, causal)
+    twin = C.ptx(PRODQ[name.removesuffix("-krstd")], True, causal)
+    lf, lt = C.sass_loops(fused), C.sass_loops(twin)
+    assert all(64 <= f - t <= 100 for f, t in zip(lf[:2], lt[:2])), (lf, lt)  # the two consumer warpgroups
+    spill, in_loop = C.sass_spills(fused)
+    assert spill <= 32 and not in_loop, (spill, in_loop)
+    ready = re.compile(rf"\bbar\.sync\s+{K.K_READY_BARRIER.value},")
+    lines = fused.splitlines()
+    qready = [i for i, line in enumerate(lines) if ready.search(line)]
+    assert len(qready) == 2 + K.NUM_MMA_GROUPS, len(qready)  # the Q tiles' and rstd_k's (in and after the KV loop)
+    r = K.compile_sm90("qknorm_attention", *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=causal)
+    assert "k_prepass" not in r and r["smem_ok"], r
+    assert ptx_code(attn) == ptx_code(C.ptx({**cfg, "K_RSTD_PRODUCER": False}, False, causal))
+
+
 def test_probe_kprod_compiles():
     """The breakdown probe's ``PROBE_KPROD = 1`` (tools/fna_llm_breakdown_probe.py --kprod): the producer keeps the
     sums of squares but stores no scaled K tile — fewer shared-memory stores than the kernel as shipped, the
@@ -170,6 +197,15 @@ def test_probe_kprod_compiles():
     stores = [len(re.findall(r"\bst\.shared", p)) for p in (probe, shipped)]
     assert stores[0] < stores[1], stores
     assert C.sass_loops(probe)[:2] == C.sass_loops(shipped)[:2]
+
+
+def test_krstd_config_validation():
+    base = KRSTD["bn128-buf2-pipe-coop-persist-mat-lazyq-prodq-krstd"]
+    K.TilingConfig.from_dict(base)
+    with pytest.raises(ValueError, match="K_RSTD_PRODUCER needs RSTD_Q_PRODUCER"):
+        K.TilingConfig.from_dict({**base, "RSTD_Q_PRODUCER": False})
+    with pytest.raises(ValueError, match="K_RSTD_PRODUCER excludes"):
+        K.TilingConfig.from_dict({**base, "K_NORM_PRODUCER": True})
 
 
 def test_kprod_config_validation():
@@ -269,6 +305,23 @@ def test_kprod_configs_gpu(name):
         assert r["ok"], r
         assert (out.float() - twin.float()).abs().max().item() <= r["tol"]
     check_int64(KPROD[name])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(KRSTD))
+def test_krstd_configs_gpu(name):
+    """The ``-krstd`` entries at the odd shapes (ragged S: zero K rows past S get rstd_k = 1/sqrt(eps) and are
+    masked) and against their ``-prodq`` twins at S = 2048, B = 2 (within the flash tolerance); more than 2^31
+    elements of q."""
+    bad = check_odd_shapes(KRSTD[name])
+    assert not bad, "\n".join(bad)
+    inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=9)
+    for causal in (True, False):
+        out, twin = run("fused", inp, causal, KRSTD[name]), run("fused", inp, causal, PRODQ[name.removesuffix("-krstd")])
+        r = T.check("fused", out, inp, 1e-6, "causal" if causal else "noncausal")
+        assert r["ok"], r
+        assert (out.float() - twin.float()).abs().max().item() <= r["tol"]
+    check_int64(KRSTD[name])
 
 
 @pytest.mark.gpu
