@@ -301,6 +301,17 @@ def _softmax_tile(qk, m_i, l_i, col_scale, qk_scale, offs_m, offs_n, start_n, ro
 
 
 @triton.jit
+def _rows_rstd(tile, r0, eps, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """rstd of rows ``r0 .. r0 + ROWS`` of a shared-memory tile (fp32, ``[ROWS]``), for the producer warpgroup: the
+    squares summed elementwise over ``[ROWS, RSTD_Q_CHUNK]`` slices (its 40 registers), one cross-thread sum."""
+    ssm = tl.zeros([ROWS, RSTD_Q_CHUNK], dtype=tl.float32)
+    for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
+        kc = tlx.local_load(tlx.local_slice(tile, [r0, d0], [ROWS, RSTD_Q_CHUNK])).to(tl.float32)
+        ssm += kc * kc
+    return 1.0 / tl.sqrt(tl.sum(ssm, 1) / HEAD_DIM + eps)
+
+
+@triton.jit
 def _k_scale_in_place(k_tiles, k_landed, k_fulls, kstat_bufs, c, eps, dtype: tl.constexpr,
                       NUM_BUFFERS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                       PROBE_KPROD: tl.constexpr):
@@ -312,11 +323,7 @@ def _k_scale_in_place(k_tiles, k_landed, k_fulls, kstat_bufs, c, eps, dtype: tl.
     buf = c % NUM_BUFFERS
     tlx.barrier_wait(k_landed[buf], (c // NUM_BUFFERS) & 1)
     for r0 in tl.static_range(0, BLOCK_N, ROWS):
-        ssm = tl.zeros([ROWS, RSTD_Q_CHUNK], dtype=tl.float32)
-        for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
-            kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [r0, d0], [ROWS, RSTD_Q_CHUNK])).to(tl.float32)
-            ssm += kc * kc
-        rstd_k = 1.0 / tl.sqrt(tl.sum(ssm, 1) / HEAD_DIM + eps)
+        rstd_k = _rows_rstd(k_tiles[buf], r0, eps, HEAD_DIM, ROWS)
         if PROBE_KPROD == 1:
             tlx.local_store(kstat_bufs[r0 // ROWS], tl.broadcast_to(rstd_k[:, None], [ROWS, RSTD_Q_COLS]))
         else:
@@ -340,11 +347,7 @@ def _k_rstd_to_scratch(k_tiles, k_fulls, kstat_fulls, kstat, c, eps, NUM_BUFFERS
     buf = c % NUM_BUFFERS
     tlx.barrier_wait(k_fulls[buf], (c // NUM_BUFFERS) & 1)
     for r0 in tl.static_range(0, BLOCK_N, ROWS):
-        ssm = tl.zeros([ROWS, RSTD_Q_CHUNK], dtype=tl.float32)
-        for d0 in tl.static_range(0, HEAD_DIM, RSTD_Q_CHUNK):
-            kc = tlx.local_load(tlx.local_slice(k_tiles[buf], [r0, d0], [ROWS, RSTD_Q_CHUNK])).to(tl.float32)
-            ssm += kc * kc
-        tl.store(kstat + buf * BLOCK_N + r0 + tl.arange(0, ROWS), 1.0 / tl.sqrt(tl.sum(ssm, 1) / HEAD_DIM + eps))
+        tl.store(kstat + buf * BLOCK_N + r0 + tl.arange(0, ROWS), _rows_rstd(k_tiles[buf], r0, eps, HEAD_DIM, ROWS))
     tlx.named_barrier_wait(K_READY_BARRIER, 128)  # every producer thread's values are stored
     tlx.barrier_arrive(kstat_fulls[buf], 1)
 
