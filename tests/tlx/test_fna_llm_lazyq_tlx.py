@@ -24,7 +24,8 @@ to their twins without PDL, eagerly and replayed in a CUDA graph.
 ``K_NORM_PRODUCER`` (no K pre-pass; ``-kprod`` entries): on CPU, the compile has no pre-pass kernel, the producer's
 in-place K scale and Q weight fold (named barrier ``K_READY_BARRIER``, proxy fences) leave the consumers' KV loops
 as their ``-prodq`` twins', no spills in a KV loop; config validation; on the GPU, the odd shapes, > 2^31 elements
-and agreement with the ``-prodq`` twins.
+and agreement with the ``-prodq`` twins. ``K_RSTD_PRODUCER`` (``-krstd``: the producer computes rstd_k beside the
+raw tile's QKᵀ, the softmax scales S's columns): the same checks, its KV loops the twin's plus the column scale.
 """
 
 import re
@@ -274,54 +275,36 @@ def test_lazyq_configs_shapes_gpu(name):
     assert not bad, "\n".join(bad)
 
 
+def _odd_shapes_and_twin(cfg: dict, twin: dict) -> None:
+    """``cfg`` at the odd shapes, then against ``twin`` (the same math another way) at S = 2048, B = 2: both within
+    the flash tolerance of the fp32 reference and of each other (asserts)."""
+    bad = check_odd_shapes(cfg)
+    assert not bad, "\n".join(bad)
+    inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=9)
+    for causal in (True, False):
+        out, ref_twin = run("fused", inp, causal, cfg), run("fused", inp, causal, twin)
+        r = T.check("fused", out, inp, 1e-6, "causal" if causal else "noncausal")
+        assert r["ok"], r
+        assert (out.float() - ref_twin.float()).abs().max().item() <= r["tol"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(PRODQ))
 def test_prodq_configs_gpu(name):
-    """The ``-prodq`` entries at the odd shapes (ragged S: zero Q rows past S get a finite rstd_q from the
-    producer too) and against their consumer-side twins at S = 2048, B = 2: the same math, the sums of squares
-    only added in another order (within the flash tolerance of each other)."""
-    bad = check_odd_shapes(PRODQ[name])
-    assert not bad, "\n".join(bad)
-    inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=9)
-    for causal in (True, False):
-        out, twin = run("fused", inp, causal, PRODQ[name]), run("fused", inp, causal, LAZY[name.removesuffix("-prodq")])
-        r = T.check("fused", out, inp, 1e-6, "causal" if causal else "noncausal")
-        assert r["ok"], r
-        assert (out.float() - twin.float()).abs().max().item() <= r["tol"]
+    """The ``-prodq`` entries (ragged S: zero Q rows past S get a finite rstd_q from the producer too) against
+    their consumer-side twins: the sums of squares only added in another order."""
+    _odd_shapes_and_twin(PRODQ[name], LAZY[name.removesuffix("-prodq")])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(KPROD))
-def test_kprod_configs_gpu(name):
-    """The ``-kprod`` entries at the odd shapes (ragged S: the zero K rows past S stay zero after the in-place
-    scale) and against their ``-prodq`` twins (K pre-pass) at S = 2048, B = 2, both within the flash tolerance; and
+@pytest.mark.parametrize("name", list(KPROD) + list(KRSTD))
+def test_k_in_kernel_configs_gpu(name):
+    """The ``-kprod`` and ``-krstd`` entries (no K pre-pass; ragged S: the zero K rows past S stay zero after the
+    in-place scale, or get rstd_k = 1/sqrt(eps) and are masked) against their ``-prodq`` twins (K pre-pass); and
     more than 2^31 elements of q (64-bit offsets)."""
-    bad = check_odd_shapes(KPROD[name])
-    assert not bad, "\n".join(bad)
-    inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=9)
-    for causal in (True, False):
-        out, twin = run("fused", inp, causal, KPROD[name]), run("fused", inp, causal, PRODQ[name.removesuffix("-kprod")])
-        r = T.check("fused", out, inp, 1e-6, "causal" if causal else "noncausal")
-        assert r["ok"], r
-        assert (out.float() - twin.float()).abs().max().item() <= r["tol"]
-    check_int64(KPROD[name])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(KRSTD))
-def test_krstd_configs_gpu(name):
-    """The ``-krstd`` entries at the odd shapes (ragged S: zero K rows past S get rstd_k = 1/sqrt(eps) and are
-    masked) and against their ``-prodq`` twins at S = 2048, B = 2 (within the flash tolerance); more than 2^31
-    elements of q."""
-    bad = check_odd_shapes(KRSTD[name])
-    assert not bad, "\n".join(bad)
-    inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=9)
-    for causal in (True, False):
-        out, twin = run("fused", inp, causal, KRSTD[name]), run("fused", inp, causal, PRODQ[name.removesuffix("-krstd")])
-        r = T.check("fused", out, inp, 1e-6, "causal" if causal else "noncausal")
-        assert r["ok"], r
-        assert (out.float() - twin.float()).abs().max().item() <= r["tol"]
-    check_int64(KRSTD[name])
+    cfg = {**KPROD, **KRSTD}[name]
+    _odd_shapes_and_twin(cfg, PRODQ[name.rsplit("-", 1)[0]])
+    check_int64(cfg)
 
 
 @pytest.mark.gpu
