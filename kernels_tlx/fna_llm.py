@@ -138,7 +138,7 @@ CONSUMER_REGS = 232
 # named barriers: 9 / 10 the ping-pong pair; Q_READY_BARRIER + cid (PIPELINE with norms) one consumer warpgroup's
 # "normalized Q stored" barrier (the compiler takes 0-3 for its own CTA / partition barriers)
 Q_READY_BARRIER = tl.constexpr(11)
-K_READY_BARRIER = tl.constexpr(13)  # K_NORM_PRODUCER: the producer warpgroup's 128 threads, after their stores
+K_READY_BARRIER = tl.constexpr(13)  # K_NORM_ / K_RSTD_PRODUCER: the producer warpgroup's 128 threads, after stores
 K_NORM_MODES = ("prepass", "inloop", "materialize")
 # LAZY_Q: register layout of a [64, 32] slice of one warpgroup's Q tile (flat offset row·32 + col) in which every
 # thread holds the rows it holds in the m64 wgmma accumulator (warp w: rows 16w..16w+15; lane l: rows l//4 and
@@ -181,8 +181,11 @@ class TilingConfig(TilingConfigBase):
     the materialize form's, and one pass over K per launch becomes shared-memory work for every (Q tile, K tile)
     pair), ``K_RSTD_PRODUCER`` (with ``RSTD_Q_PRODUCER``, not ``PDL`` or ``K_NORM_PRODUCER``: no pre-pass kernel
     either; the consumers' QKᵀ reads the raw K tile as soon as it lands, the producer computes the tile's rstd_k
-    meanwhile and hands it over in shared memory, and the softmax scales S's columns by it, one multiply per score;
-    γq·γk folded into the Q tile as with ``K_NORM_PRODUCER``). Raises ValueError naming the violated constraint."""
+    meanwhile and hands it over through a per-CTA global scratch vector, and the softmax scales S's columns by it,
+    one multiply per score; the producer normalizes each Q tile in place, q·rstd_q·γq·γk, so LAZY_Q's row scale is
+    off). Both keep ``K_NORM = "materialize"`` and ``LAZY_Q`` only because ``RSTD_Q_PRODUCER`` needs them: no K
+    pre-pass runs. Negative results (docs/results/fna.md), GPU-tested only at BLOCK_N = 128, NUM_BUFFERS = 2.
+    Raises ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 128
@@ -235,14 +238,17 @@ class TilingConfig(TilingConfigBase):
                              "rstd_q while the consumers finish this one; one tile per CTA would delay its K loads)")
         if self.K_NORM_PRODUCER and not self.RSTD_Q_PRODUCER:
             raise ValueError("K_NORM_PRODUCER needs RSTD_Q_PRODUCER (the producer computes rstd_q from the raw Q tile "
-                             "before it folds γq·γk into it)")
+                             "before it folds γq·γk into it), which needs LAZY_Q, PERSISTENT, PIPELINE and K_NORM "
+                             "materialize")
         if self.K_NORM_PRODUCER and self.PDL:
             raise ValueError("K_NORM_PRODUCER excludes PDL (there is no K pre-pass to wait for)")
         if self.K_RSTD_PRODUCER and not self.RSTD_Q_PRODUCER:
-            raise ValueError("K_RSTD_PRODUCER needs RSTD_Q_PRODUCER (the producer computes rstd_q from the raw Q tile "
-                             "before it folds γq·γk into it)")
-        if self.K_RSTD_PRODUCER and (self.PDL or self.K_NORM_PRODUCER):
-            raise ValueError("K_RSTD_PRODUCER excludes PDL and K_NORM_PRODUCER (no K pre-pass; K stays raw)")
+            raise ValueError("K_RSTD_PRODUCER needs RSTD_Q_PRODUCER (the producer's Q tile work, here normalizing it "
+                             "in place), which needs LAZY_Q, PERSISTENT, PIPELINE and K_NORM materialize")
+        if self.K_RSTD_PRODUCER and self.PDL:
+            raise ValueError("K_RSTD_PRODUCER excludes PDL (there is no K pre-pass to wait for)")
+        if self.K_RSTD_PRODUCER and self.K_NORM_PRODUCER:
+            raise ValueError("K_RSTD_PRODUCER excludes K_NORM_PRODUCER (K stays raw; the softmax scales S's columns)")
 
 
 @triton.jit
@@ -894,8 +900,8 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     (``_k_rstd_kernel``: rstd_k, fp32 ``[B, Hkv, S]`` scratch) or ``"materialize"`` (``_k_norm_kernel``: the
     normalized copy ``k_n = (k · rstd_k · γk).to(k.dtype)``, ``[B, Hkv, S, D]`` scratch, which the attention
     kernel then streams instead of k; one extra write + read of K, ``2·B·Hkv·S·D·2`` bytes, as an inference engine
-    pays anyway when it writes the normalized K into its KV cache); with ``K_NORM_PRODUCER`` there is no pre-pass
-    (the kernel's producer normalizes each K tile in shared memory; ``TilingConfig``).
+    pays anyway when it writes the normalized K into its KV cache); with ``K_NORM_PRODUCER`` or ``K_RSTD_PRODUCER``
+    there is no pre-pass (the kernel's producer normalizes each K tile, or computes its rstd_k; ``TilingConfig``).
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv, D in {64, 128}), weights ``[D]``, one
     dtype (bf16/fp16), contiguous CUDA tensors. Any B·Hq (one launch per slice of at most 65535 (batch, head)

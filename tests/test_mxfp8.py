@@ -11,13 +11,12 @@ specified by IEEE); every other code must be identical.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
 
 from normfuse import mxfp8 as mx
-
-import os  # noqa: E402
 
 if os.environ.get("GPUBUNDLE_SITE"):  # the offline GPU bundle (.gpubundle/env.sh) carries no torchao: skip these CPU
     # tests there instead of stopping the collection of `make test-gpu`; CI installs the pinned torchao and fails

@@ -141,7 +141,8 @@ def main():
     ap.add_argument("--ablations", action="store_true",
                     help="add the PROBE_RSTD_Q variants (PERSISTENT LAZY_Q configs without RSTD_Q_PRODUCER)")
     ap.add_argument("--kprod", action="store_true",
-                    help="add the config's K_NORM_PRODUCER twin (NAME-kprod) and its PROBE_KPROD variant")
+                    help="add the config's K_NORM_PRODUCER twin (NAME-kprod), its PROBE_KPROD variant and, where "
+                         "shipped, the K_RSTD_PRODUCER twin (NAME-krstd)")
     args = ap.parse_args()
     if args.config not in CFGS:
         ap.error(f"--config {args.config!r} is not a TLX entry of configs/tiling/fna_llm_h200.yaml")

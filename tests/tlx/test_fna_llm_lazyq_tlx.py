@@ -168,8 +168,9 @@ def test_kprod_configs_compile(name, causal):
 def test_krstd_configs_compile(name, causal):
     """``K_RSTD_PRODUCER``: no K pre-pass kernel; the consumers' KV loops are their ``-prodq`` twin's plus the
     column scale (one multiply per score, 64 per thread and step, and the rstd_k load; measured +84…+93 SASS
-    instructions), no spills in a KV loop (at most 32 bytes elsewhere; measured 8 non-causal, 28 causal), every
-    K-ready barrier after a proxy fence (the producer's in-place Q normalization); attention ignores the option."""
+    instructions), no spills in a KV loop (at most 32 bytes elsewhere; measured 8 non-causal, 28 causal), the four
+    producer barriers (``K_READY_BARRIER``: each consumer warpgroup's Q tile, rstd_k in and after the KV loop);
+    attention ignores the option."""
     cfg = KRSTD[name]
     fused, attn = C.ptx(cfg, True, causal), C.ptx(cfg, False, causal)
     twin = C.ptx(PRODQ[name.removesuffix("-krstd")], True, causal)
@@ -205,8 +206,10 @@ def test_krstd_config_validation():
     K.TilingConfig.from_dict(base)
     with pytest.raises(ValueError, match="K_RSTD_PRODUCER needs RSTD_Q_PRODUCER"):
         K.TilingConfig.from_dict({**base, "RSTD_Q_PRODUCER": False})
-    with pytest.raises(ValueError, match="K_RSTD_PRODUCER excludes"):
+    with pytest.raises(ValueError, match="K_RSTD_PRODUCER excludes K_NORM_PRODUCER"):
         K.TilingConfig.from_dict({**base, "K_NORM_PRODUCER": True})
+    with pytest.raises(ValueError, match="K_RSTD_PRODUCER excludes PDL"):
+        K.TilingConfig.from_dict({**base, "PDL": True})
 
 
 def test_kprod_config_validation():
