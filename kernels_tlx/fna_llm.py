@@ -666,7 +666,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                     qk = tlx.async_dot_wait(0, qk)
                     if K_RSTD_PRODUCER:  # this tile's rstd_k, read before the K buffer (and its block) is released
                         tlx.barrier_wait(kstat_fulls[buf], (cnt // NUM_BUFFERS) & 1)
-                        col_scale = tl.load(kstat + buf * BLOCK_N + tl.arange(0, BLOCK_N), cache_modifier=".cg") * qk_scale
+                        col_scale = tl.load(kstat + buf * BLOCK_N + tl.arange(0, BLOCK_N),
+                                            cache_modifier=".cg") * qk_scale
                     tlx.barrier_arrive(k_empties[buf], 1)
                     if K_RSTD_PRODUCER:  # _softmax_tile's column-scale form, inline
                         qk = _mask_tile(qk * col_scale[None, :], offs_m, offs_n, 0, row0, S, BLOCK_N, CAUSAL)
