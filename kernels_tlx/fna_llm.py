@@ -392,7 +392,8 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
     # K_NORM_PRODUCER (with K_MATERIALIZED): K is raw; the producer scales each landed K tile by rstd_k in place
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
-    COL_SCALE: tl.constexpr = NORM_QK and not K_MATERIALIZED  # scale S's columns by rstd_k (prepass / inloop)
+    # scale S's columns by rstd_k (prepass, inloop, K_RSTD_PRODUCER)
+    COL_SCALE: tl.constexpr = NORM_QK and not K_MATERIALIZED
     D_CHUNK: tl.constexpr = 32
     NUM_Q_BUFFERS: tl.constexpr = 2 if PERSISTENT else 1  # PERSISTENT: the next tile's Q loads during this tile
     dtype = Q.dtype.element_ty
@@ -669,12 +670,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                         col_scale = tl.load(kstat + buf * BLOCK_N + tl.arange(0, BLOCK_N),
                                             cache_modifier=".cg") * qk_scale
                     tlx.barrier_arrive(k_empties[buf], 1)
-                    if K_RSTD_PRODUCER:  # _softmax_tile's column-scale form, inline
-                        qk = _mask_tile(qk * col_scale[None, :], offs_m, offs_n, 0, row0, S, BLOCK_N, CAUSAL)
-                        m_i = tl.max(qk, 1)
-                        p = tl.math.exp2(qk - m_i[:, None])
-                        l_i = tl.sum(p, 1)
-                    elif LAZY_Q:  # inline: s_scale carries the pinned row layout, which a jit call cannot take
+                    if LAZY_Q:  # inline: s_scale carries the pinned row layout, which a jit call cannot take
                         qk = _mask_tile(qk, offs_m, offs_n, 0, row0, S, BLOCK_N, CAUSAL)
                         m_i = tl.max(qk, 1) * s_scale
                         p = tl.math.exp2(qk * s_scale[:, None] - m_i[:, None])
@@ -709,14 +705,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                             col_scale = tl.load(kstat + buf * BLOCK_N + tl.arange(0, BLOCK_N),
                                                 cache_modifier=".cg") * qk_scale
                         tlx.barrier_arrive(k_empties[buf], 1)
-                        if K_RSTD_PRODUCER:  # _softmax_tile's column-scale form, inline (see the first tile)
-                            qk = _mask_tile(qk * col_scale[None, :], offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)
-                            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-                            p_new = tl.math.exp2(qk - m_ij[:, None])
-                            alpha = tl.math.exp2(m_i - m_ij)
-                            l_i = l_i * alpha + tl.sum(p_new, 1)
-                            m_i = m_ij
-                        elif LAZY_Q:  # _softmax_tile with the per-row scale, inline (see the first tile)
+                        if LAZY_Q:  # _softmax_tile with the per-row scale, inline (see the first tile)
                             qk = _mask_tile(qk, offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)
                             m_ij = tl.maximum(m_i, tl.max(qk, 1) * s_scale)
                             p_new = tl.math.exp2(qk * s_scale[:, None] - m_ij[:, None])
