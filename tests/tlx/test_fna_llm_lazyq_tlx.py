@@ -69,6 +69,7 @@ assert set(PDL) == {f"{n}-pdl" for n in ("bn128-buf2-pipe-pingpong-persist-mat-l
                                          "bn128-buf2-pipe-coop-persist-mat-lazyq",
                                          "bn128-buf2-pipe-pingpong-lpt-mat")}, PDL
 Q_READY = re.compile(rf"\bbar\.sync\s+(?:{K.Q_READY_BARRIER.value}|{K.Q_READY_BARRIER.value + 1}),")
+K_READY = re.compile(rf"\bbar\.sync\s+{K.K_READY_BARRIER.value},")  # the producer's barrier after its stores
 
 
 @pytest.mark.parametrize("name", list(LAZY))
@@ -151,11 +152,10 @@ def test_kprod_configs_compile(name, causal):
     assert len(lf) == len(lt) and all(abs(f - t) <= 8 for f, t in zip(lf, lt)), (lf, lt)
     spill, in_loop = C.sass_spills(fused)
     assert spill <= 32 and not in_loop, (spill, in_loop)
-    ready = re.compile(rf"\bbar\.sync\s+{K.K_READY_BARRIER.value},")
     # after the K tile's stores (in the KV loop and after it) and each consumer warpgroup's Q tile's
-    assert len(ready.findall(fused)) == 2 + K.NUM_MMA_GROUPS and not ready.search(twin)
+    assert len(K_READY.findall(fused)) == 2 + K.NUM_MMA_GROUPS and not K_READY.search(twin)
     lines = fused.splitlines()  # each of those barriers follows a proxy fence after the last shared-memory store
-    for i in (i for i, line in enumerate(lines) if ready.search(line)):
+    for i in (i for i, line in enumerate(lines) if K_READY.search(line)):
         last_store = max(j for j in range(i) if "st.shared" in lines[j])
         assert any("fence.proxy.async" in lines[j] for j in range(last_store, i)), lines[last_store:i + 1]
     r = K.compile_sm90("qknorm_attention", *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=causal)
@@ -178,10 +178,8 @@ def test_krstd_configs_compile(name, causal):
     assert all(64 <= f - t <= 100 for f, t in zip(lf[:2], lt[:2])), (lf, lt)  # the two consumer warpgroups
     spill, in_loop = C.sass_spills(fused)
     assert spill <= 32 and not in_loop, (spill, in_loop)
-    ready = re.compile(rf"\bbar\.sync\s+{K.K_READY_BARRIER.value},")
-    lines = fused.splitlines()
-    qready = [i for i, line in enumerate(lines) if ready.search(line)]
-    assert len(qready) == 2 + K.NUM_MMA_GROUPS, len(qready)  # the Q tiles' and rstd_k's (in and after the KV loop)
+    # after each consumer warpgroup's Q tile's stores and rstd_k's (in the KV loop and after it)
+    assert len(K_READY.findall(fused)) == 2 + K.NUM_MMA_GROUPS and not K_READY.search(twin)
     r = K.compile_sm90("qknorm_attention", *T.compile_inputs(1000, 2, 32, "bf16"), config=cfg, causal=causal)
     assert "k_prepass" not in r and r["smem_ok"], r
     assert ptx_code(attn) == ptx_code(C.ptx({**cfg, "K_RSTD_PRODUCER": False}, False, causal))
