@@ -127,8 +127,8 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_wait
 
-from kernels_triton.fna_llm import (RSTD_BLOCK_ROWS, _k_norm_kernel, _k_rstd_kernel, batch_slices,  # noqa: F401
-                                    k_prepass, plan_launches)
+from kernels_triton.fna_llm import (RSTD_BLOCK_ROWS, _k_norm_kernel, _k_norm_rows, _k_norm_weight,  # noqa: F401
+                                    _k_rstd_kernel, batch_slices, k_prepass, plan_launches)
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 from normfuse.validate import aligned, check_eps, check_forward_only
@@ -138,7 +138,8 @@ CONSUMER_REGS = 232
 # named barriers: 9 / 10 the ping-pong pair; Q_READY_BARRIER + cid (PIPELINE with norms) one consumer warpgroup's
 # "normalized Q stored" barrier (the compiler takes 0-3 for its own CTA / partition barriers)
 Q_READY_BARRIER = tl.constexpr(11)
-K_READY_BARRIER = tl.constexpr(13)  # K_NORM_ / K_RSTD_PRODUCER: the producer warpgroup's 128 threads, after stores
+K_READY_BARRIER = tl.constexpr(13)
+GRID_PREPASS_ROWS = tl.constexpr(RSTD_BLOCK_ROWS)  # GRID_PREPASS: K rows per block, as the pre-pass kernel  # K_NORM_ / K_RSTD_PRODUCER: the producer warpgroup's 128 threads, after stores
 K_NORM_MODES = ("prepass", "inloop", "materialize")
 # LAZY_Q: register layout of a [64, 32] slice of one warpgroup's Q tile (flat offset row·32 + col) in which every
 # thread holds the rows it holds in the m64 wgmma accumulator (warp w: rows 16w..16w+15; lane l: rows l//4 and
@@ -185,6 +186,11 @@ class TilingConfig(TilingConfigBase):
     one multiply per score; the producer normalizes each Q tile in place, q·rstd_q·γq·γk, so LAZY_Q's row scale is
     off). Both keep ``K_NORM = "materialize"`` and ``LAZY_Q`` only because ``RSTD_Q_PRODUCER`` needs them: no K
     pre-pass runs. Negative results (docs/results/fna.md), GPU-tested only at BLOCK_N = 128, NUM_BUFFERS = 2.
+    ``GRID_PREPASS`` (with ``PERSISTENT`` and ``K_NORM = "materialize"``, not ``PDL`` / ``K_NORM_PRODUCER`` /
+    ``K_RSTD_PRODUCER``): the materialize pre-pass runs inside the attention kernel, a cooperative launch: before
+    the warp-specialized region the producer warpgroup of every CTA writes its share of k_n (``RSTD_BLOCK_ROWS``-row
+    blocks p, p + G, ...; the pre-pass kernel's own arithmetic, so k_n is bitwise the same), the CTAs meet at a grid
+    barrier (``_grid_barrier``), then attend: one launch instead of two, no launch gap or tail between them.
     Raises ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
@@ -202,6 +208,7 @@ class TilingConfig(TilingConfigBase):
     PDL: bool = False
     K_NORM_PRODUCER: bool = False
     K_RSTD_PRODUCER: bool = False
+    GRID_PREPASS: bool = False
 
     def __post_init__(self):
         if self.BLOCK_M != 128:
@@ -215,7 +222,7 @@ class TilingConfig(TilingConfigBase):
         if self.K_NORM not in K_NORM_MODES:
             raise ValueError(f"K_NORM must be one of {', '.join(K_NORM_MODES)}, got {self.K_NORM!r}")
         for name in ("PIPELINE", "PINGPONG_PV", "LPT", "WARP_ARRIVE", "PERSISTENT", "LAZY_Q", "RSTD_Q_PRODUCER",
-                     "PDL", "K_NORM_PRODUCER", "K_RSTD_PRODUCER"):
+                     "PDL", "K_NORM_PRODUCER", "K_RSTD_PRODUCER", "GRID_PREPASS"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.PINGPONG_PV and not (self.PIPELINE and self.PINGPONG):
@@ -249,6 +256,12 @@ class TilingConfig(TilingConfigBase):
             raise ValueError("K_RSTD_PRODUCER excludes PDL (there is no K pre-pass to wait for)")
         if self.K_RSTD_PRODUCER and self.K_NORM_PRODUCER:
             raise ValueError("K_RSTD_PRODUCER excludes K_NORM_PRODUCER (K stays raw; the softmax scales S's columns)")
+        if self.GRID_PREPASS and not (self.PERSISTENT and self.K_NORM == "materialize"):
+            raise ValueError("GRID_PREPASS needs PERSISTENT and K_NORM materialize (the persistent grid's CTAs write "
+                             "k_n themselves and meet at a grid barrier, so all of them must be resident at once)")
+        if self.GRID_PREPASS and (self.PDL or self.K_NORM_PRODUCER or self.K_RSTD_PRODUCER):
+            raise ValueError("GRID_PREPASS excludes PDL, K_NORM_PRODUCER and K_RSTD_PRODUCER (there is no pre-pass "
+                             "kernel to wait for, and K is normalized once, before the attention)")
 
 
 @triton.jit
@@ -359,6 +372,36 @@ def _k_rstd_to_scratch(k_tiles, k_fulls, kstat_fulls, kstat, c, eps, NUM_BUFFERS
 
 
 @triton.jit
+def _proxy_fence_global():
+    """``fence.proxy.async.global``: order this thread's generic-proxy global accesses with the async proxy's (TMA)."""
+    tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
+def _grid_barrier(SYNC):
+    """Grid-wide barrier of a cooperative launch (every CTA resident), run by one warpgroup per CTA: the CTA's global
+    stores so far are visible to every CTA after it (then also to their TMA loads). ``SYNC``: int32 ``[count, gen]``
+    in global memory, zero before the first launch and left so after each: one thread per CTA reads ``gen``, arrives
+    on ``count`` (acq_rel); the last arrival resets ``count`` and bumps ``gen`` (release), the others spin until
+    ``gen`` moves (acquire). The generation survives CUDA-graph replays. The sense-reversal barrier of CUDA's
+    cooperative groups (``grid.sync()``)."""
+    _proxy_fence_global()  # the k_n stores, before TMA loads on other SMs read them
+    tl.debug_barrier()  # every thread's stores precede the elected thread's release
+    gen = tl.atomic_add(SYNC + 1, 0, sem="relaxed", scope="gpu")
+    arrived = tl.atomic_add(SYNC, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(0) - 1:
+        tl.atomic_xchg(SYNC, 0, sem="relaxed", scope="gpu")
+        tl.atomic_add(SYNC + 1, 1, sem="release", scope="gpu")
+    else:
+        cur = tl.atomic_add(SYNC + 1, 0, sem="acquire", scope="gpu")
+        while cur == gen:
+            cur = tl.atomic_add(SYNC + 1, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    _proxy_fence_global()  # the acquired k_n, before this CTA's TMA loads of it
+
+
+@triton.jit
 def _persistent_tile(tile, num_m, BH, S, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """``PERSISTENT``: work tile index (0 .. num_m·BH - 1, one order every CTA agrees on) -> ``(start_m, bh, hkv,
     hi)``: causal: heaviest Q tiles first across all (batch, head) of the launch (``tile // BH`` counts down from
@@ -387,10 +430,11 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                        LAZY_Q_EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
                        PROBE_RSTD_Q: tl.constexpr = 0, RSTD_Q_PRODUCER: tl.constexpr = False,
                        K_NORM_PRODUCER: tl.constexpr = False, PROBE_KPROD: tl.constexpr = 0,
-                       K_RSTD_PRODUCER: tl.constexpr = False):
+                       K_RSTD_PRODUCER: tl.constexpr = False, GRID_PREPASS: tl.constexpr = False, SYNC=None):
     # K_MATERIALIZED: K is the pre-pass's normalized copy k_n (γk included): Q gets γq only, no column scale;
     # K_NORM_PRODUCER (with K_MATERIALIZED): K is raw; the producer scales each landed K tile by rstd_k in place
     # BH: (batch, query head) pairs of the launch (PERSISTENT: all B·Hq; the grid is min(#SMs, Q tiles · BH))
+    # GRID_PREPASS: RSTD_K holds the raw K, K the k_n this grid writes first; SYNC the grid barrier's int32 [2]
     BLOCK_M_SPLIT: tl.constexpr = BLOCK_M // NUM_MMA_GROUPS
     # scale S's columns by rstd_k (prepass, inloop, K_RSTD_PRODUCER)
     COL_SCALE: tl.constexpr = NORM_QK and not K_MATERIALIZED
@@ -454,6 +498,12 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
     else:
         v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_MMA_GROUPS)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
+    if GRID_PREPASS:  # the producer warpgroup of every CTA (code before the warp-specialized region runs there)
+        kw_n = _k_norm_weight(KW, QW, HEAD_DIM, LAZY_Q)  # LAZY_Q: γq folded into k_n, as the pre-pass kernel does
+        R = (BH // GROUP) * S
+        for blk in range(tl.program_id(0), tl.cdiv(R, GRID_PREPASS_ROWS), tl.num_programs(0)):
+            _k_norm_rows(RSTD_K, K, kw_n, blk, R, eps, HEAD_DIM, GRID_PREPASS_ROWS)
+        _grid_barrier(SYNC)
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads
@@ -810,6 +860,19 @@ def _persistent_launch(launches, q, k, v, o, pre, prepass, materialize, cfg, num
     return (q, k_full, v, o) + tuple(args[4:7]) + (rstd,) + tuple(args[8:]) + (B * Hq,), (min(num_sms, tiles), 1, 1)
 
 
+_GRID_SYNC: dict = {}
+
+
+def _grid_sync_state(device) -> torch.Tensor:
+    """``GRID_PREPASS``'s barrier state on ``device``: int32 ``[count, gen]``, zeroed once per process and device
+    and reused by every launch (the barrier leaves it ready for the next one). Launches that share it must not
+    overlap in time: one stream per device, as the fused op's callers use."""
+    key = str(device)
+    if key not in _GRID_SYNC:
+        _GRID_SYNC[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _GRID_SYNC[key]
+
+
 def _alloc_fn(size: int, align: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
@@ -841,6 +904,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
                                                            None if k_producer else cfg.K_NORM, norms, cfg.BLOCK_M,
                                                            fold_qw=cfg.LAZY_Q and not k_producer)
     pdl = cfg.PDL and materialize  # norms with K_NORM = materialize: the only case with a pre-pass writing k_n
+    grid_prepass = cfg.GRID_PREPASS and materialize  # (GRID_PREPASS implies PERSISTENT)
     if pdl:  # the pre-pass lets the attention kernel (a programmatic dependent) launch at once
         pre = pre[:3] + ({**pre[3], "PDL_TRIGGER": True},)
     if cfg.PERSISTENT:
@@ -855,6 +919,9 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
             (args, grid), = launches  # in rstd_k's argument slot
             scratch = torch.empty(grid[0] * cfg.NUM_BUFFERS * cfg.BLOCK_N, dtype=torch.float32, device=q.device)
             launches = [(args[:7] + (scratch,) + args[8:], grid)]
+        if grid_prepass:  # the kernel writes k_n itself (from the raw k, in rstd_k's argument slot): no pre-pass
+            (args, grid), = launches
+            launches, pre = [(args[:7] + (k,) + args[8:], grid)], None
     else:
         launches = [(args + (grid[1],), grid) for args, grid in launches]  # BH: the slice's (batch, head) pairs
     kw = dict(HEAD_DIM=D, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, NUM_BUFFERS=cfg.NUM_BUFFERS,
@@ -867,7 +934,9 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
               WARP_ARRIVE=cfg.WARP_ARRIVE, PERSISTENT=cfg.PERSISTENT,
               LAZY_Q=cfg.LAZY_Q and norms and not cfg.K_RSTD_PRODUCER,
               LAZY_Q_EARLY=cfg.PINGPONG, RSTD_Q_PRODUCER=cfg.RSTD_Q_PRODUCER and norms, PDL=pdl, launch_pdl=pdl,
-              num_warps=4, num_stages=1)
+              GRID_PREPASS=grid_prepass, num_warps=4, num_stages=1)
+    if grid_prepass:
+        kw.update(SYNC=_grid_sync_state(q.device), launch_cooperative_grid=True)
     return o, launches, kw, pre
 
 

@@ -146,14 +146,29 @@ def _k_norm_kernel(K, KW, KN, R, eps, QW, HEAD_DIM: tl.constexpr, BLOCK_R: tl.co
     reads k_n."""
     if PDL_TRIGGER:
         gdc_launch_dependents()
-    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    _k_norm_rows(K, KN, _k_norm_weight(KW, QW, HEAD_DIM, FOLD_QW), tl.program_id(0), R, eps, HEAD_DIM, BLOCK_R)
+
+
+@triton.jit
+def _k_norm_weight(KW, QW, HEAD_DIM: tl.constexpr, FOLD_QW: tl.constexpr):
+    """The fp32 ``[HEAD_DIM]`` weight of k_n: γk, times γq with ``FOLD_QW``."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    kw = tl.load(KW + offs_d).to(tl.float32)
+    if FOLD_QW:
+        kw = kw * tl.load(QW + offs_d).to(tl.float32)
+    return kw
+
+
+@triton.jit
+def _k_norm_rows(K, KN, kw, blk, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Rows ``[blk · BLOCK_R, (blk + 1) · BLOCK_R)`` of K (of R): ``k_n = (k · rstd_k · kw)`` rounded to k_n's
+    dtype, rstd_k in fp32 (the body of ``_k_norm_kernel``, also run inside the TLX attention kernel by
+    ``GRID_PREPASS``)."""
+    offs_r = blk.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, HEAD_DIM)
     off = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
     kf = tl.load(K + off, mask=offs_r[:, None] < R, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps)
-    kw = tl.load(KW + offs_d).to(tl.float32)
-    if FOLD_QW:
-        kw = kw * tl.load(QW + offs_d).to(tl.float32)
     tl.store(KN + off, (kf * rstd[:, None] * kw[None, :]).to(KN.dtype.element_ty), mask=offs_r[:, None] < R)
 
 

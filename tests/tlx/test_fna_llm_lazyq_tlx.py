@@ -26,6 +26,12 @@ in-place K scale and Q weight fold (named barrier ``K_READY_BARRIER``, proxy fen
 as their ``-prodq`` twins', no spills in a KV loop; config validation; on the GPU, the odd shapes, > 2^31 elements
 and agreement with the ``-prodq`` twins. ``K_RSTD_PRODUCER`` (``-krstd``: the producer computes rstd_k beside the
 raw tile's QKᵀ, the softmax scales S's columns): the same checks, its KV loops the twin's plus the column scale.
+
+``GRID_PREPASS`` (``-grid`` entries: the K pre-pass inside the attention kernel, a cooperative launch with a grid
+barrier): on CPU, no pre-pass kernel, the cooperative launch, one arrival and one release on the barrier state with
+a proxy fence on either side, the consumers' KV loops equal to their ``-prodq`` twin's; config validation; on the
+GPU, the odd shapes, > 2^31 elements, bit-identical outputs to the twin (the same k_n, the same attention) eagerly
+and over CUDA-graph replays, and the barrier state back at count 0 with its generation one further per launch.
 """
 
 import re
@@ -53,8 +59,8 @@ ALL = {c["name"]: {k: v for k, v in c.items() if k != "name"}
 LAZY = {n: c for n, c in ALL.items() if c.get("LAZY_Q") and not c.get("PDL") and not c.get("RSTD_Q_PRODUCER")}
 assert set(LAZY) == {"bn128-buf2-pipe-pingpong-lpt-mat-lazyq", "bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                      "bn128-buf2-pipe-coop-persist-mat-lazyq"}, LAZY
-PRODQ = {n: c for n, c in ALL.items()
-         if c.get("RSTD_Q_PRODUCER") and not (c.get("K_NORM_PRODUCER") or c.get("K_RSTD_PRODUCER"))}
+PRODQ = {n: c for n, c in ALL.items() if c.get("RSTD_Q_PRODUCER") and not any(
+         c.get(o) for o in ("K_NORM_PRODUCER", "K_RSTD_PRODUCER", "GRID_PREPASS", "PDL"))}
 assert set(PRODQ) == {f"{n}-prodq" for n in ("bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                                              "bn128-buf2-pipe-coop-persist-mat-lazyq")}, PRODQ
 assert all(PRODQ[n] == {**LAZY[n.removesuffix("-prodq")], "RSTD_Q_PRODUCER": True} for n in PRODQ)
@@ -64,10 +70,13 @@ assert all(KPROD[n] == {**PRODQ[n.removesuffix("-kprod")], "K_NORM_PRODUCER": Tr
 KRSTD = {n: c for n, c in ALL.items() if c.get("K_RSTD_PRODUCER")}  # each a PRODQ entry plus "-krstd"
 assert set(KRSTD) == {f"{n}-krstd" for n in PRODQ}, KRSTD
 assert all(KRSTD[n] == {**PRODQ[n.removesuffix("-krstd")], "K_RSTD_PRODUCER": True} for n in KRSTD)
+GRID = {n: c for n, c in ALL.items() if c.get("GRID_PREPASS")}  # each a PRODQ entry plus "-grid"
+assert set(GRID) == {f"{n}-grid" for n in PRODQ}, GRID
+assert all(GRID[n] == {**PRODQ[n.removesuffix("-grid")], "GRID_PREPASS": True} for n in GRID)
 PDL = {n: c for n, c in ALL.items() if c.get("PDL")}  # each the same entry without PDL plus "-pdl"
 assert set(PDL) == {f"{n}-pdl" for n in ("bn128-buf2-pipe-pingpong-persist-mat-lazyq",
                                          "bn128-buf2-pipe-coop-persist-mat-lazyq",
-                                         "bn128-buf2-pipe-pingpong-lpt-mat")}, PDL
+                                         "bn128-buf2-pipe-pingpong-lpt-mat", *PRODQ)}, PDL
 Q_READY = re.compile(rf"\bbar\.sync\s+(?:{K.Q_READY_BARRIER.value}|{K.Q_READY_BARRIER.value + 1}),")
 K_READY = re.compile(rf"\bbar\.sync\s+{K.K_READY_BARRIER.value},")  # the producer's barrier after its stores
 
@@ -199,6 +208,48 @@ def test_probe_kprod_compiles():
     assert C.sass_loops(probe)[:2] == C.sass_loops(shipped)[:2]
 
 
+@pytest.mark.parametrize("name", list(GRID))
+@pytest.mark.parametrize("causal", [True, False])
+def test_grid_configs_compile(name, causal):
+    """``GRID_PREPASS``: no pre-pass kernel; a cooperative launch whose kernel reads the barrier's generation, arrives
+    once (acq_rel), resets and releases once, spins with acquire loads, and fences the async proxy before the
+    arrival and after the wait; the consumers' KV loops are their ``-prodq`` twin's, no spills in a KV loop;
+    attention ignores the option."""
+    cfg = GRID[name]
+    fused, attn = C.ptx(cfg, True, causal), C.ptx(cfg, False, causal)
+    twin = C.ptx(PRODQ[name.removesuffix("-grid")], True, causal)
+    assert C.sass_loops(fused) == C.sass_loops(twin)
+    spill, in_loop = C.sass_spills(fused)
+    assert spill <= 8 and not in_loop, (spill, in_loop)
+    counts = {k: len(re.findall(p, fused)) for k, p in (
+        ("arrive", r"atom\.global\.gpu\.acq_rel\.add"), ("reset", r"atom\.global\.gpu\.relaxed\.exch"),
+        ("release", r"atom\.global\.gpu\.release\.add"), ("spin", r"ld\.global\.gpu\.acquire"),
+        ("fence", r"fence\.proxy\.async\.global"))}
+    assert counts["spin"] >= 1 and {**counts, "spin": 1} == dict(arrive=1, reset=1, release=1, spin=1, fence=2), counts
+    assert "atom.global" not in twin and "fence.proxy.async.global" not in twin
+    q, k, v, qw, kw = T.compile_inputs(1000, 2, 32, "bf16")
+    _, _, kwd, pre = K._prepare(q, k, v, qw, kw, None, causal, 1e-6, cfg, True, need_cuda=False)
+    assert pre is None and kwd["GRID_PREPASS"] and kwd["launch_cooperative_grid"] and kwd["SYNC"].shape == (2,)
+    _, _, kwd, pre = K._prepare(q, k, v, None, None, None, causal, 1e-6, cfg, False, need_cuda=False)
+    assert pre is None and not kwd["GRID_PREPASS"] and "launch_cooperative_grid" not in kwd
+    assert ptx_code(attn) == ptx_code(C.ptx({**cfg, "GRID_PREPASS": False}, False, causal))
+
+
+def test_grid_config_validation():
+    base = GRID["bn128-buf2-pipe-coop-persist-mat-lazyq-prodq-grid"]
+    K.TilingConfig.from_dict(base)
+    with pytest.raises(ValueError, match="GRID_PREPASS must be a bool"):
+        K.TilingConfig.from_dict({**base, "GRID_PREPASS": 1})
+    with pytest.raises(ValueError, match="GRID_PREPASS needs PERSISTENT and K_NORM materialize"):
+        K.TilingConfig(PIPELINE=True, K_NORM="materialize", GRID_PREPASS=True)
+    with pytest.raises(ValueError, match="GRID_PREPASS needs PERSISTENT and K_NORM materialize"):
+        K.TilingConfig(PERSISTENT=True, K_NORM="prepass", GRID_PREPASS=True)
+    for other in ("PDL", "K_NORM_PRODUCER", "K_RSTD_PRODUCER"):
+        with pytest.raises(ValueError, match="GRID_PREPASS excludes PDL, K_NORM_PRODUCER and K_RSTD_PRODUCER"):
+            K.TilingConfig.from_dict({**base, other: True})
+    K.TilingConfig(PERSISTENT=True, K_NORM="materialize", GRID_PREPASS=True)  # without LAZY_Q: k_n carries γk only
+
+
 def test_krstd_config_validation():
     base = KRSTD["bn128-buf2-pipe-coop-persist-mat-lazyq-prodq-krstd"]
     K.TilingConfig.from_dict(base)
@@ -306,6 +357,40 @@ def test_k_in_kernel_configs_gpu(name):
     cfg = {**KPROD, **KRSTD}[name]
     _odd_shapes_and_twin(cfg, PRODQ[name.rsplit("-", 1)[0]])
     check_int64(cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GRID))
+def test_grid_configs_gpu(name):
+    """The ``-grid`` entries at the odd shapes and > 2^31 elements, and bit-identical to their ``-prodq`` twins (the
+    same k_n arithmetic, the same attention kernel) eagerly and in three replays of one CUDA graph; after each
+    launch the barrier state reads count 0 and a generation one further."""
+    cfg, twin = GRID[name], PRODQ[name.removesuffix("-grid")]
+    bad = check_odd_shapes(cfg)
+    assert not bad, "\n".join(bad)
+    check_int64(cfg)
+    inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=11)
+    sync = K._grid_sync_state(inp["q"].device)
+    for causal in (True, False):
+        want = run("fused", inp, causal, twin)
+        gen = sync[1].item()
+        got = run("fused", inp, causal, cfg)
+        torch.cuda.synchronize()
+        assert sync.tolist() == [0, gen + 1], (sync.tolist(), gen)
+        assert torch.equal(got, want)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            run("fused", inp, causal, cfg)  # compiled and warm before the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                out = run("fused", inp, causal, cfg)
+        gen = sync[1].item()
+        for i in range(3):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), i
+        assert sync.tolist() == [0, gen + 3], (sync.tolist(), gen)
 
 
 @pytest.mark.gpu
