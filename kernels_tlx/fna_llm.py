@@ -138,8 +138,8 @@ CONSUMER_REGS = 232
 # named barriers: 9 / 10 the ping-pong pair; Q_READY_BARRIER + cid (PIPELINE with norms) one consumer warpgroup's
 # "normalized Q stored" barrier (the compiler takes 0-3 for its own CTA / partition barriers)
 Q_READY_BARRIER = tl.constexpr(11)
-K_READY_BARRIER = tl.constexpr(13)
-GRID_PREPASS_ROWS = tl.constexpr(RSTD_BLOCK_ROWS)  # GRID_PREPASS: K rows per block, as the pre-pass kernel  # K_NORM_ / K_RSTD_PRODUCER: the producer warpgroup's 128 threads, after stores
+K_READY_BARRIER = tl.constexpr(13)  # K_NORM_ / K_RSTD_PRODUCER: the producer warpgroup's 128 threads, after stores
+GRID_PREPASS_ROWS = tl.constexpr(RSTD_BLOCK_ROWS)  # GRID_PREPASS: K rows per block, as the pre-pass kernel
 K_NORM_MODES = ("prepass", "inloop", "materialize")
 # LAZY_Q: register layout of a [64, 32] slice of one warpgroup's Q tile (flat offset row·32 + col) in which every
 # thread holds the rows it holds in the m64 wgmma accumulator (warp w: rows 16w..16w+15; lane l: rows l//4 and
@@ -191,6 +191,8 @@ class TilingConfig(TilingConfigBase):
     the warp-specialized region the producer warpgroup of every CTA writes its share of k_n (``RSTD_BLOCK_ROWS``-row
     blocks p, p + G, ...; the pre-pass kernel's own arithmetic, so k_n is bitwise the same), the CTAs meet at a grid
     barrier (``_grid_barrier``), then attend: one launch instead of two, no launch gap or tail between them.
+    Neutral to negative (0.975-1.025x the two-kernel op, docs/results/fna.md): the pre-pass's cost is its own
+    latency chain, not the launch.
     Raises ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
