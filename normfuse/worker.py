@@ -27,6 +27,27 @@ import traceback
 
 UNSUPPORTED_ERRORS = ("ValueError", "TypeError", "NotImplementedError", "OutOfResources")
 _COMPILE_ONLY_INSTALLED = False
+_LAST_TLX_POINT = [""]
+
+
+def _reset_tlx_frontend(point: str) -> None:
+    """Before each TLX point: empty fbtriton's thread-local stack of async-task replica ids if an earlier compile left
+    entries in it. The TLX code generator pushes and pops that stack around each async_task body without a
+    try/finally (``triton/language/extra/tlx/compiler/code_generator.py``), so a compile that raised inside a task
+    body leaves it non-empty; a later compile in the same process then failed with ``AssertionError:
+    region_replica_id_stack is not restored`` (a shipped config that passes on its own, on the GPU twice:
+    results/gpu_tests/20261201_h200_issue13_s3, results/gpu_tests/20261206_h100_fna_llm). Each point then compiles as
+    in a fresh process; what was cleared, and after which point, goes to stderr."""
+    try:
+        from triton.language.extra.tlx.compiler.code_generator import _get_region_replica_id_stack
+    except ImportError:  # upstream triton: no TLX front end
+        return
+    stack = _get_region_replica_id_stack()
+    if stack:
+        print(f"normfuse.worker: fbtriton's TLX replica-id stack held {stack} after {_LAST_TLX_POINT[0] or 'startup'};"
+              f" cleared before {point}", file=sys.stderr, flush=True)
+        stack.clear()
+    _LAST_TLX_POINT[0] = point
 
 
 def versions() -> dict:
@@ -109,6 +130,8 @@ def _build_checked(req: dict):
         if describe is not None:
             details = describe(impl, inputs, variant) or {}
     else:
+        if dsl == "tlx":
+            _reset_tlx_frontend(f"{req['technique']} {impl} {variant} M={M} N={N} K={K} {options} {config}")
         fn = spec.kernel_call(registry.kernel_function(dsl, req["technique"], impl, variant), impl, inputs, eps,
                               config, variant)
 
