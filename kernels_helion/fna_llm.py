@@ -78,6 +78,7 @@ import torch
 from helion.runtime.ref_mode import is_ref_mode_enabled
 
 from kernels_helion.lazy_prenorm import _as_on_h200, _live_args
+from normfuse.scratch import scratch_like
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 from normfuse.validate import check_eps, check_forward_only
@@ -252,10 +253,10 @@ def _args(q, k, v, q_weight, k_weight, o_weight, causal, eps, norms: bool,
     mode = cfg.K_NORM if norms else None
     k_rstd, pre = None, None
     if mode == "prepass":
-        k_rstd = torch.empty(B * Hkv, S, dtype=torch.float32, device=q.device)
+        k_rstd = scratch_like(k, (B * Hkv, S), torch.float32)
         pre = _PrePass("k_rstd", _k_rstd_kernel, (k.view(-1, D), k_rstd.view(-1), float(eps)), RSTD_CONFIG)
     elif mode == "materialize":
-        k_n = torch.empty_like(k)
+        k_n = scratch_like(k)
         pre = _PrePass("k_norm", _k_norm_kernel, (k.view(-1, D), k_weight, k_n.view(-1, D), float(eps)),
                        KNORM_CONFIG)
         k, k_weight = k_n, None  # the attention kernel streams k_n like plain attention streams k

@@ -86,7 +86,8 @@ The pre-pass kernels are plain Triton row kernels (no TLX extension needed), sha
   per warpgroup, repeated by both warpgroups and by every Q tile, and competing with the wgmma for shared-memory
   bandwidth;
 * ``"materialize"``: a pre-pass kernel (``_k_norm_kernel``, also inside the ``qknorm_attention`` call,
-  ``RSTD_BLOCK_ROWS`` K rows per program, fp32 statistics) writes the normalized copy ``k_n = (k · rstd_k ·
+  ``RSTD_BLOCK_ROWS`` K rows per program, fp32 statistics; ``GRID_PREPASS``: the same rows written by the persistent
+  attention kernel itself before a grid barrier) writes the normalized copy ``k_n = (k · rstd_k ·
   k_weight).to(k.dtype)``, ``[B, Hkv, S, D]`` (a scratch tensor), and the attention kernel streams ``k_n`` through
   TMA exactly like the plain ``attention``: no K work at all in the KV loop (no rstd load, no column scale), only
   the Q tile is normalized (``q_weight`` only). Cost: one extra write and read of K, ``2·B·Hkv·S·D·2`` bytes
@@ -127,8 +128,8 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_wait
 
-from kernels_triton.fna_llm import (RSTD_BLOCK_ROWS, _k_norm_kernel, _k_norm_rows, _k_norm_weight,  # noqa: F401
-                                    _k_rstd_kernel, batch_slices, k_prepass, plan_launches)
+from kernels_triton.fna_llm import (RSTD_BLOCK_ROWS, _k_norm_kernel, _k_norm_rows, _k_rstd_kernel,  # noqa: F401
+                                    batch_slices, k_prepass, plan_launches)
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 from normfuse.validate import aligned, check_eps, check_forward_only
@@ -191,8 +192,8 @@ class TilingConfig(TilingConfigBase):
     the warp-specialized region the producer warpgroup of every CTA writes its share of k_n (``RSTD_BLOCK_ROWS``-row
     blocks p, p + G, ...; the pre-pass kernel's own arithmetic, so k_n is bitwise the same), the CTAs meet at a grid
     barrier (``_grid_barrier``), then attend: one launch instead of two, no launch gap or tail between them.
-    Neutral to negative (0.975-1.025x the two-kernel op, docs/results/fna.md): the pre-pass's cost is its own
-    latency chain, not the launch.
+    Neutral to negative (0.975-1.025x the two-kernel op's time, > 1 slower; docs/results/fna.md). Launches on one
+    device must not overlap in time (the barrier's state is one buffer per device, ``_grid_sync_state``).
     Raises ValueError naming the violated constraint."""
 
     BLOCK_M: int = 128
@@ -382,12 +383,14 @@ def _proxy_fence_global():
 
 @triton.jit
 def _grid_barrier(SYNC):
-    """Grid-wide barrier of a cooperative launch (every CTA resident), run by one warpgroup per CTA: the CTA's global
-    stores so far are visible to every CTA after it (then also to their TMA loads). ``SYNC``: int32 ``[count, gen]``
-    in global memory, zero before the first launch and left so after each: one thread per CTA reads ``gen``, arrives
-    on ``count`` (acq_rel); the last arrival resets ``count`` and bumps ``gen`` (release), the others spin until
-    ``gen`` moves (acquire). The generation survives CUDA-graph replays. The sense-reversal barrier of CUDA's
-    cooperative groups (``grid.sync()``)."""
+    """Grid-wide barrier of a cooperative launch (every CTA resident), run by one warpgroup per CTA and by every CTA
+    exactly once (a CTA that skips it deadlocks the others): the CTA's global stores so far are visible to every CTA
+    after it (then also to their TMA loads). ``SYNC``: int32 ``[count, gen]`` in global memory, zero before the
+    first launch and left so after each: one thread per CTA reads ``gen``, arrives on ``count`` (acq_rel; the CTA
+    barrier before it makes the release cover all of the warpgroup's stores, PTX memory model's causality order);
+    the last arrival resets ``count`` and bumps ``gen`` (release), the others spin until ``gen`` moves (acquire).
+    The generation survives CUDA-graph replays. A generation-counting barrier like CUDA cooperative groups'
+    ``grid.sync()`` (``cooperative_groups/details/sync.h``), which packs both into one word."""
     _proxy_fence_global()  # the k_n stores, before TMA loads on other SMs read them
     tl.debug_barrier()  # every thread's stores precede the elected thread's release
     gen = tl.atomic_add(SYNC + 1, 0, sem="relaxed", scope="gpu")
@@ -501,11 +504,12 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
         v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_MMA_GROUPS)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
     if GRID_PREPASS:  # the producer warpgroup of every CTA (code before the warp-specialized region runs there)
-        kw_n = _k_norm_weight(KW, QW, HEAD_DIM, LAZY_Q)  # LAZY_Q: γq folded into k_n, as the pre-pass kernel does
-        R = (BH // GROUP) * S
+        K_RAW = RSTD_K  # the raw K (in rstd_k's argument slot); K is the k_n written here
+        R = (BH // GROUP).to(tl.int64) * S  # K's rows, B·Hkv·S
         for blk in range(tl.program_id(0), tl.cdiv(R, GRID_PREPASS_ROWS), tl.num_programs(0)):
-            _k_norm_rows(RSTD_K, K, kw_n, blk, R, eps, HEAD_DIM, GRID_PREPASS_ROWS)
-        _grid_barrier(SYNC)
+            # LAZY_Q: γq folded into k_n, as the pre-pass kernel does
+            _k_norm_rows(K_RAW, KW, K, QW, blk, R, eps, HEAD_DIM, GRID_PREPASS_ROWS, LAZY_Q)
+        _grid_barrier(SYNC)  # every CTA, exactly once
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads
@@ -868,9 +872,14 @@ _GRID_SYNC: dict = {}
 def _grid_sync_state(device) -> torch.Tensor:
     """``GRID_PREPASS``'s barrier state on ``device``: int32 ``[count, gen]``, zeroed once per process and device
     and reused by every launch (the barrier leaves it ready for the next one). Launches that share it must not
-    overlap in time: one stream per device, as the fused op's callers use."""
+    overlap in time (two grids small enough to run side by side, on two streams, would mix their arrivals): one
+    stream per device. Raises RuntimeError when the state does not exist yet and the current stream is capturing a
+    CUDA graph (the zero fill would only be recorded, not run)."""
     key = str(device)
     if key not in _GRID_SYNC:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("GRID_PREPASS: call the op once outside CUDA-graph capture first (its grid barrier's "
+                               "state is allocated and zeroed then)")
         _GRID_SYNC[key] = torch.zeros(2, dtype=torch.int32, device=device)
     return _GRID_SYNC[key]
 
@@ -962,7 +971,10 @@ def qknorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     normalized copy ``k_n = (k · rstd_k · γk).to(k.dtype)``, ``[B, Hkv, S, D]`` scratch, which the attention
     kernel then streams instead of k; one extra write + read of K, ``2·B·Hkv·S·D·2`` bytes, as an inference engine
     pays anyway when it writes the normalized K into its KV cache); with ``K_NORM_PRODUCER`` or ``K_RSTD_PRODUCER``
-    there is no pre-pass (the kernel's producer normalizes each K tile, or computes its rstd_k; ``TilingConfig``).
+    there is no pre-pass (the kernel's producer normalizes each K tile, or computes its rstd_k; ``TilingConfig``);
+    with ``GRID_PREPASS`` the attention kernel writes k_n itself, a cooperative launch behind a grid barrier whose
+    state is one buffer per device: such calls on one device must not overlap in time (one stream), and the first
+    one must run outside CUDA-graph capture (RuntimeError otherwise).
 
     q ``[B, Hq, S, D]``, k, v ``[B, Hkv, S, D]`` (Hq a multiple of Hkv, D in {64, 128}), weights ``[D]``, one
     dtype (bf16/fp16), contiguous CUDA tensors. Any B·Hq (one launch per slice of at most 65535 (batch, head)
@@ -994,7 +1006,7 @@ def compile_sm90(op: str, q, k, v, q_weight=None, k_weight=None, *, eps: float =
     (``tt.load`` ops in the TTGIR: the weight vectors and, for ``K_NORM = "prepass"``, the rstd_k vector; the
     TMA loads are not counted), ``grid``, and for 'qknorm_attention' with ``K_NORM = "prepass"`` or
     ``"materialize"`` ``k_rstd`` (the pre-pass kernel's summary: ``_k_rstd_kernel`` or ``_k_norm_kernel``) and
-    ``k_prepass`` (its name)."""
+    ``k_prepass`` (its name); neither with ``GRID_PREPASS`` (no pre-pass kernel)."""
     from normfuse.compile_only import summarize
 
     if op not in ("qknorm_attention", "attention"):

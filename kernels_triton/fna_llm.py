@@ -78,6 +78,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from kernels_triton.lazy_prenorm import _fix_interpreter_scalar_index
+from normfuse.scratch import scratch_like
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 from normfuse.validate import MAX_GRID_YZ, aligned, check_eps, check_forward_only, chunks
@@ -146,29 +147,25 @@ def _k_norm_kernel(K, KW, KN, R, eps, QW, HEAD_DIM: tl.constexpr, BLOCK_R: tl.co
     reads k_n."""
     if PDL_TRIGGER:
         gdc_launch_dependents()
-    _k_norm_rows(K, KN, _k_norm_weight(KW, QW, HEAD_DIM, FOLD_QW), tl.program_id(0), R, eps, HEAD_DIM, BLOCK_R)
+    _k_norm_rows(K, KW, KN, QW, tl.program_id(0), R, eps, HEAD_DIM, BLOCK_R, FOLD_QW)
 
 
 @triton.jit
-def _k_norm_weight(KW, QW, HEAD_DIM: tl.constexpr, FOLD_QW: tl.constexpr):
-    """The fp32 ``[HEAD_DIM]`` weight of k_n: γk, times γq with ``FOLD_QW``."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    kw = tl.load(KW + offs_d).to(tl.float32)
-    if FOLD_QW:
-        kw = kw * tl.load(QW + offs_d).to(tl.float32)
-    return kw
-
-
-@triton.jit
-def _k_norm_rows(K, KN, kw, blk, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Rows ``[blk · BLOCK_R, (blk + 1) · BLOCK_R)`` of K (of R): ``k_n = (k · rstd_k · kw)`` rounded to k_n's
-    dtype, rstd_k in fp32 (the body of ``_k_norm_kernel``, also run inside the TLX attention kernel by
-    ``GRID_PREPASS``)."""
+def _k_norm_rows(K, KW, KN, QW, blk, R, eps, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                 FOLD_QW: tl.constexpr):
+    """Rows ``[blk · BLOCK_R, (blk + 1) · BLOCK_R)`` of K (of R): ``k_n = (k · rstd_k · γk [· γq])`` rounded to
+    k_n's dtype, rstd_k and the weight product in fp32 (the body of ``_k_norm_kernel``, also run inside the TLX
+    attention kernel by ``GRID_PREPASS``). The weights are loaded after the K rows, so that the rows' loads go out
+    first (the pre-pass is latency-bound at short sequences). With the same ``BLOCK_R`` and 4 warps the compiler
+    gives both callers the same layouts, hence the same k_n bit for bit."""
     offs_r = blk.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, HEAD_DIM)
     off = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
     kf = tl.load(K + off, mask=offs_r[:, None] < R, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(kf * kf, 1) / HEAD_DIM + eps)
+    kw = tl.load(KW + offs_d).to(tl.float32)
+    if FOLD_QW:
+        kw = kw * tl.load(QW + offs_d).to(tl.float32)
     tl.store(KN + off, (kf * rstd[:, None] * kw[None, :]).to(KN.dtype.element_ty), mask=offs_r[:, None] < R)
 
 
@@ -308,9 +305,9 @@ def k_prepass(k: torch.Tensor, k_weight, eps: float, k_norm, fold_q_weight=None)
     grid = (triton.cdiv(R, RSTD_BLOCK_ROWS), 1, 1)
     kw = dict(HEAD_DIM=D, BLOCK_R=RSTD_BLOCK_ROWS, num_warps=4, num_stages=1)
     if k_norm == "prepass":  # one fp32 value per K row, not a normalized copy of K
-        rstd_k = torch.empty(R, dtype=torch.float32, device=k.device)
+        rstd_k = scratch_like(k, (R,), torch.float32)
         return (_k_rstd_kernel, (k, rstd_k, R, float(eps)), grid, kw), rstd_k, None
-    k_n = torch.empty_like(k)
+    k_n = scratch_like(k)
     fold = fold_q_weight is not None
     kw["FOLD_QW"] = fold
     args = (k, k_weight, k_n, R, float(eps), fold_q_weight if fold else k_weight)

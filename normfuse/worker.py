@@ -4,7 +4,8 @@ fbtriton for TLX); the orchestrator (``normfuse.pool``) never imports triton or 
 
 A ``measure`` request names one sweep point (technique, dsl, impl, shape, dtype, eps, config, mode, seed). The
 worker builds fresh seeded random inputs, runs the implementation once (compile + warm-up, timed as
-``compile_s``), poisons the caching allocator with NaN, runs it again and checks that output against the fp32
+``compile_s``), poisons the caching allocator with NaN, runs it again (its scratch tensors NaN-filled too,
+``normfuse.scratch``) and checks that output against the fp32
 reference (``normfuse.techniques.<technique>``). Only a correct point is timed. Modes:
 
 * ``gpu``          — check, then time with ``normfuse.timing.bench``;
@@ -30,19 +31,27 @@ _COMPILE_ONLY_INSTALLED = False
 _LAST_TLX_POINT = [""]
 
 
+def _tlx_replica_stack() -> list | None:
+    """fbtriton's thread-local stack of TLX async-task replica ids (None without the TLX front end)."""
+    try:
+        from triton.language.extra.tlx.compiler.code_generator import _get_region_replica_id_stack
+    except ImportError:  # upstream triton
+        return None
+    return _get_region_replica_id_stack()
+
+
 def _reset_tlx_frontend(point: str) -> None:
     """Before each TLX point: empty fbtriton's thread-local stack of async-task replica ids if an earlier compile left
     entries in it. The TLX code generator pushes and pops that stack around each async_task body without a
     try/finally (``triton/language/extra/tlx/compiler/code_generator.py``), so a compile that raised inside a task
-    body leaves it non-empty; a later compile in the same process then failed with ``AssertionError:
-    region_replica_id_stack is not restored`` (a shipped config that passes on its own, on the GPU twice:
-    results/gpu_tests/20261201_h200_issue13_s3, results/gpu_tests/20261206_h100_fna_llm). Each point then compiles as
-    in a fresh process; what was cleared, and after which point, goes to stderr."""
-    try:
-        from triton.language.extra.tlx.compiler.code_generator import _get_region_replica_id_stack
-    except ImportError:  # upstream triton: no TLX front end
-        return
-    stack = _get_region_replica_id_stack()
+    body leaves it non-empty (tests/tlx/test_worker_tlx_state_tlx.py). On the GPU, twice, a shipped config that
+    passes on its own then failed to compile later in the same process with ``AssertionError:
+    region_replica_id_stack is not restored`` (results/gpu_tests/20261201_h200_issue13_s3,
+    results/gpu_tests/20261206_h100_fna_llm); on the CPU a stale entry alone did not make a later compile fail, so
+    that this reset cures it is our reading, not shown. Each point then compiles from the state of a fresh process;
+    what was cleared, and after which point, goes to stderr (``_build_checked`` also names the exception of a TLX
+    point that leaves the stack dirty)."""
+    stack = _tlx_replica_stack()
     if stack:
         print(f"normfuse.worker: fbtriton's TLX replica-id stack held {stack} after {_LAST_TLX_POINT[0] or 'startup'};"
               f" cleared before {point}", file=sys.stderr, flush=True)
@@ -95,11 +104,13 @@ def _poison_allocator(shape, dtype, device) -> None:
 
 def _build_checked(req: dict):
     """Build the point's seeded inputs and zero-argument callable, run it once (compile + warm-up, timed as
-    ``compile_s``), poison the allocator, run it again and check it against the fp32 reference.
+    ``compile_s``), poison the allocator, run it again with NaN-filled scratch (``normfuse.scratch``) and check it
+    against the fp32 reference.
     Returns ``(fn, inputs, row)``; ``row`` has status 'incorrect' (and ``fn`` None) when the check failed."""
     import torch
 
     from normfuse import registry
+    from normfuse.scratch import poisoned_scratch
     from normfuse.techniques import get_technique
 
     spec = get_technique(req["technique"])
@@ -136,14 +147,21 @@ def _build_checked(req: dict):
                               config, variant)
 
     t0 = time.perf_counter()
-    out = fn()  # first call: compile + warm-up
+    try:
+        out = fn()  # first call: compile + warm-up
+    except Exception as e:
+        if dsl == "tlx" and _tlx_replica_stack():  # the point that leaves fbtriton's front end dirty, and why
+            print(f"normfuse.worker: {type(e).__name__} in {_LAST_TLX_POINT[0]} left fbtriton's TLX replica-id stack "
+                  f"at {_tlx_replica_stack()}: {str(e)[-300:]}", file=sys.stderr, flush=True)
+        raise
     if device == "cuda":
         torch.cuda.synchronize()
     compile_s = time.perf_counter() - t0
     first = out if isinstance(out, torch.Tensor) else out[0]
     _poison_allocator(first.shape, first.dtype, device)
     del out, first
-    out = fn()
+    with poisoned_scratch():  # a kernel that reads its scratch (e.g. a pre-pass's k_n) before writing it shows NaN
+        out = fn()
     if device == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()

@@ -43,6 +43,7 @@ import yaml
 
 from normfuse import compile_only
 from normfuse.compile_only import ptx_code
+from normfuse.scratch import poisoned_scratch
 
 if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU test may follow (see test_fna_llm_tlx)
     compile_only.install(90)
@@ -79,6 +80,13 @@ assert set(PDL) == {f"{n}-pdl" for n in ("bn128-buf2-pipe-pingpong-persist-mat-l
                                          "bn128-buf2-pipe-pingpong-lpt-mat", *PRODQ)}, PDL
 Q_READY = re.compile(rf"\bbar\.sync\s+(?:{K.Q_READY_BARRIER.value}|{K.Q_READY_BARRIER.value + 1}),")
 K_READY = re.compile(rf"\bbar\.sync\s+{K.K_READY_BARRIER.value},")  # the producer's barrier after its stores
+# GRID_PREPASS, in program order before the warp-specialized region (its first setmaxnreg): the k_n stores, a proxy
+# fence, the producer warpgroup's barrier, the elected thread's read of gen, its arrival, the last arrival's reset
+# and release, the others' acquire spin, the barrier again and the proxy fence before the TMA loads
+GRID_SEQUENCE = re.compile(
+    r"st\.global.*?fence\.proxy\.async\.global.*?bar\.sync\s+0, 128;.*?ld\.global\.gpu\.relaxed.*?"
+    r"atom\.global\.gpu\.acq_rel\.add.*?atom\.global\.gpu\.relaxed\.exch.*?atom\.global\.gpu\.release\.add"
+    r".*?ld\.global\.gpu\.acquire.*?bar\.sync\s+0, 128;.*?fence\.proxy\.async\.global.*?setmaxnreg", re.S)
 
 
 @pytest.mark.parametrize("name", list(LAZY))
@@ -211,10 +219,10 @@ def test_probe_kprod_compiles():
 @pytest.mark.parametrize("name", list(GRID))
 @pytest.mark.parametrize("causal", [True, False])
 def test_grid_configs_compile(name, causal):
-    """``GRID_PREPASS``: no pre-pass kernel; a cooperative launch whose kernel reads the barrier's generation, arrives
-    once (acq_rel), resets and releases once, spins with acquire loads, and fences the async proxy before the
-    arrival and after the wait; the consumers' KV loops are their ``-prodq`` twin's, no spills in a KV loop;
-    attention ignores the option."""
+    """``GRID_PREPASS``: no pre-pass kernel; a cooperative launch whose kernel, before its warp-specialized region,
+    stores k_n, reads the barrier's generation, arrives once (acq_rel), resets and releases once, spins with acquire
+    loads, and fences the async proxy before the arrival and after the wait, in that order (``GRID_SEQUENCE``); the
+    consumers' KV loops are their ``-prodq`` twin's, no spills in a KV loop; attention ignores the option."""
     cfg = GRID[name]
     fused, attn = C.ptx(cfg, True, causal), C.ptx(cfg, False, causal)
     twin = C.ptx(PRODQ[name.removesuffix("-grid")], True, causal)
@@ -226,6 +234,7 @@ def test_grid_configs_compile(name, causal):
         ("release", r"atom\.global\.gpu\.release\.add"), ("spin", r"ld\.global\.gpu\.acquire"),
         ("fence", r"fence\.proxy\.async\.global"))}
     assert counts["spin"] >= 1 and {**counts, "spin": 1} == dict(arrive=1, reset=1, release=1, spin=1, fence=2), counts
+    assert GRID_SEQUENCE.search(fused)
     assert "atom.global" not in twin and "fence.proxy.async.global" not in twin
     q, k, v, qw, kw = T.compile_inputs(1000, 2, 32, "bf16")
     _, _, kwd, pre = K._prepare(q, k, v, qw, kw, None, causal, 1e-6, cfg, True, need_cuda=False)
@@ -363,33 +372,39 @@ def test_k_in_kernel_configs_gpu(name):
 @pytest.mark.parametrize("name", list(GRID))
 def test_grid_configs_gpu(name):
     """The ``-grid`` entries at the odd shapes and > 2^31 elements, and bit-identical to their ``-prodq`` twins (the
-    same k_n arithmetic, the same attention kernel) eagerly and in three replays of one CUDA graph; after each
-    launch the barrier state reads count 0 and a generation one further."""
+    same k_n arithmetic, the same attention kernel): eagerly, the ``-grid`` call first and its k_n NaN-filled before
+    the kernel writes it (``normfuse.scratch.poisoned_scratch``: a k_n read before the barrier shows), and in three
+    replays of one CUDA graph, each on new K values copied into the captured input (a k_n not rewritten by the
+    replay would be the previous one); after each launch the barrier state reads count 0 and a generation one
+    further."""
     cfg, twin = GRID[name], PRODQ[name.removesuffix("-grid")]
     bad = check_odd_shapes(cfg)
     assert not bad, "\n".join(bad)
     check_int64(cfg)
     inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=11)
+    run("fused", inp, True, cfg)  # compiled, and the barrier state allocated, outside the capture below
     sync = K._grid_sync_state(inp["q"].device)
     for causal in (True, False):
-        want = run("fused", inp, causal, twin)
         gen = sync[1].item()
-        got = run("fused", inp, causal, cfg)
+        with poisoned_scratch():
+            got = run("fused", inp, causal, cfg)
         torch.cuda.synchronize()
         assert sync.tolist() == [0, gen + 1], (sync.tolist(), gen)
-        assert torch.equal(got, want)
+        assert torch.equal(got, run("fused", inp, causal, twin))
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
-            run("fused", inp, causal, cfg)  # compiled and warm before the capture
+            run("fused", inp, causal, cfg)  # warm on this stream before the capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
                 out = run("fused", inp, causal, cfg)
         gen = sync[1].item()
         for i in range(3):
+            new = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=20 + i)
+            inp["k"].copy_(new["k"])
             out.zero_()
             graph.replay()
             torch.cuda.synchronize()
-            assert torch.equal(out, want), i
+            assert torch.equal(out, run("fused", inp, causal, twin)), i
         assert sync.tolist() == [0, gen + 3], (sync.tolist(), gen)
 
 
