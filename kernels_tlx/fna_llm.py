@@ -130,6 +130,7 @@ from triton.language.extra.cuda import gdc_wait
 
 from kernels_triton.fna_llm import (RSTD_BLOCK_ROWS, _k_norm_kernel, _k_norm_rows, _k_rstd_kernel,  # noqa: F401
                                     batch_slices, k_prepass, plan_launches)
+from normfuse.scratch import scratch_like
 from normfuse.techniques.fna_llm import check_inputs
 from normfuse.tiling import TilingConfigBase
 from normfuse.validate import aligned, check_eps, check_forward_only
@@ -928,7 +929,7 @@ def _prepare(q, k, v, q_weight, k_weight, o_weight, causal, eps, config, norms: 
         launches = [_persistent_launch(launches, q, k, v, o, pre, prepass, materialize, cfg, _num_sms(q.device))]
         if k_producer and cfg.K_RSTD_PRODUCER:  # the producer's rstd_k scratch, NUM_BUFFERS x BLOCK_N fp32 per CTA,
             (args, grid), = launches  # in rstd_k's argument slot
-            scratch = torch.empty(grid[0] * cfg.NUM_BUFFERS * cfg.BLOCK_N, dtype=torch.float32, device=q.device)
+            scratch = scratch_like(q, (grid[0] * cfg.NUM_BUFFERS * cfg.BLOCK_N,), torch.float32)
             launches = [(args[:7] + (scratch,) + args[8:], grid)]
         if grid_prepass:  # the kernel writes k_n itself (from the raw k, in rstd_k's argument slot): no pre-pass
             (args, grid), = launches

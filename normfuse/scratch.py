@@ -2,8 +2,10 @@
 
 A kernel that reads its scratch before writing it (a missing pre-pass, a barrier that does not wait) can pass a
 correctness check by luck: the caching allocator hands the next call the block an earlier call freed, which still
-holds the right values. Within ``poisoned_scratch()`` every ``scratch_like`` tensor starts as NaN instead, so such a
-read shows as NaN in the output. The sweep worker's check run and the GPU tests use it; timed calls never do.
+holds the right values. Within ``poisoned_scratch()`` every ``scratch_like`` tensor starts as NaN instead, so a
+read of a value never written shows as NaN in the output (a read that races a write shows only when the race
+happens). Used for fna_llm's pre-pass buffers (k_n, rstd_k) and the TLX ``K_RSTD_PRODUCER`` scratch; the sweep
+worker's check run and the GPU tests turn it on; timed calls never do.
 """
 
 from __future__ import annotations

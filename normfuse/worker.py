@@ -4,8 +4,8 @@ fbtriton for TLX); the orchestrator (``normfuse.pool``) never imports triton or 
 
 A ``measure`` request names one sweep point (technique, dsl, impl, shape, dtype, eps, config, mode, seed). The
 worker builds fresh seeded random inputs, runs the implementation once (compile + warm-up, timed as
-``compile_s``), poisons the caching allocator with NaN, runs it again (its scratch tensors NaN-filled too,
-``normfuse.scratch``) and checks that output against the fp32
+``compile_s``), poisons the caching allocator with NaN, runs it again (fna_llm's pre-pass scratch NaN-filled
+too, ``normfuse.scratch``) and checks that output against the fp32
 reference (``normfuse.techniques.<technique>``). Only a correct point is timed. Modes:
 
 * ``gpu``          — check, then time with ``normfuse.timing.bench``;
@@ -48,7 +48,7 @@ def _reset_tlx_frontend(point: str) -> None:
     passes on its own then failed to compile later in the same process with ``AssertionError:
     region_replica_id_stack is not restored`` (results/gpu_tests/20261201_h200_issue13_s3,
     results/gpu_tests/20261206_h100_fna_llm); on the CPU a stale entry alone did not make a later compile fail, so
-    that this reset cures it is our reading, not shown. Each point then compiles from the state of a fresh process;
+    that this reset cures it is our reading, not shown. Each point then compiles with this stack as in a fresh process;
     what was cleared, and after which point, goes to stderr (``_build_checked`` also names the exception of a TLX
     point that leaves the stack dirty)."""
     stack = _tlx_replica_stack()
@@ -104,7 +104,7 @@ def _poison_allocator(shape, dtype, device) -> None:
 
 def _build_checked(req: dict):
     """Build the point's seeded inputs and zero-argument callable, run it once (compile + warm-up, timed as
-    ``compile_s``), poison the allocator, run it again with NaN-filled scratch (``normfuse.scratch``) and check it
+    ``compile_s``), poison the allocator, run it again with NaN-filled ``normfuse.scratch`` buffers and check it
     against the fp32 reference.
     Returns ``(fn, inputs, row)``; ``row`` has status 'incorrect' (and ``fn`` None) when the check failed."""
     import torch

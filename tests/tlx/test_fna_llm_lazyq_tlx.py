@@ -80,13 +80,17 @@ assert set(PDL) == {f"{n}-pdl" for n in ("bn128-buf2-pipe-pingpong-persist-mat-l
                                          "bn128-buf2-pipe-pingpong-lpt-mat", *PRODQ)}, PDL
 Q_READY = re.compile(rf"\bbar\.sync\s+(?:{K.Q_READY_BARRIER.value}|{K.Q_READY_BARRIER.value + 1}),")
 K_READY = re.compile(rf"\bbar\.sync\s+{K.K_READY_BARRIER.value},")  # the producer's barrier after its stores
-# GRID_PREPASS, in program order before the warp-specialized region (its first setmaxnreg): the k_n stores, a proxy
-# fence, the producer warpgroup's barrier, the elected thread's read of gen, its arrival, the last arrival's reset
-# and release, the others' acquire spin, the barrier again and the proxy fence before the TMA loads
+# GRID_PREPASS, in program order before the producer's register release (``setmaxnreg.dec``, the start of its task
+# in the warp-specialized region): the k_n stores, a proxy fence, the producer warpgroup's barrier, the elected
+# thread's read of gen, its arrival, the last arrival's reset and release, the others' acquire spin (with the
+# broadcast's own barrier), the barrier after the wait, and the proxy fence before the TMA loads, with no spin load
+# and no setmaxnreg between that barrier and the fence, nor between the fence and the release
 GRID_SEQUENCE = re.compile(
     r"st\.global.*?fence\.proxy\.async\.global.*?bar\.sync\s+0, 128;.*?ld\.global\.gpu\.relaxed.*?"
     r"atom\.global\.gpu\.acq_rel\.add.*?atom\.global\.gpu\.relaxed\.exch.*?atom\.global\.gpu\.release\.add"
-    r".*?ld\.global\.gpu\.acquire.*?bar\.sync\s+0, 128;.*?fence\.proxy\.async\.global.*?setmaxnreg", re.S)
+    r".*?ld\.global\.gpu\.acquire.*?bar\.sync\s+0, 128;.*?bar\.sync\s+0, 128;"
+    r"(?:(?!setmaxnreg|ld\.global\.gpu\.acquire).)*?fence\.proxy\.async\.global(?:(?!setmaxnreg).)*?setmaxnreg\.dec",
+    re.S)
 
 
 @pytest.mark.parametrize("name", list(LAZY))
@@ -373,14 +377,15 @@ def test_k_in_kernel_configs_gpu(name):
 def test_grid_configs_gpu(name):
     """The ``-grid`` entries at the odd shapes and > 2^31 elements, and bit-identical to their ``-prodq`` twins (the
     same k_n arithmetic, the same attention kernel): eagerly, the ``-grid`` call first and its k_n NaN-filled before
-    the kernel writes it (``normfuse.scratch.poisoned_scratch``: a k_n read before the barrier shows), and in three
-    replays of one CUDA graph, each on new K values copied into the captured input (a k_n not rewritten by the
-    replay would be the previous one); after each launch the barrier state reads count 0 and a generation one
-    further."""
+    the kernel writes it (``normfuse.scratch.poisoned_scratch``: a k_n row never written, or read before its owner
+    CTA wrote it, shows as NaN; the second only if the race happens), and in three replays of one CUDA graph, each on
+    new K values copied into the captured input (a k_n not rewritten by the replay would be the previous one); after
+    each launch the barrier state reads count 0 and a generation one further."""
     cfg, twin = GRID[name], PRODQ[name.removesuffix("-grid")]
-    bad = check_odd_shapes(cfg)
-    assert not bad, "\n".join(bad)
-    check_int64(cfg)
+    with poisoned_scratch():
+        bad = check_odd_shapes(cfg)
+        assert not bad, "\n".join(bad)
+        check_int64(cfg)
     inp = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=11)
     run("fused", inp, True, cfg)  # compiled, and the barrier state allocated, outside the capture below
     sync = K._grid_sync_state(inp["q"].device)
