@@ -376,6 +376,16 @@ def _k_rstd_to_scratch(k_tiles, k_fulls, kstat_fulls, kstat, c, eps, NUM_BUFFERS
 
 
 @triton.jit
+def _k_rstd_from_scratch(kstat_fulls, kstat, c, qk_scale, NUM_BUFFERS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``K_RSTD_PRODUCER``, in a consumer: the ring's ``c``-th K tile's rstd_k as ``_k_rstd_to_scratch`` left it
+    (wait on ``kstat_fulls``, then a ``.cg`` load past L1), times ``qk_scale``: the softmax's column scale,
+    ``[BLOCK_N]`` fp32 (a plain load, so the compiler gives it the accumulator's column layout)."""
+    buf = c % NUM_BUFFERS
+    tlx.barrier_wait(kstat_fulls[buf], (c // NUM_BUFFERS) & 1)
+    return tl.load(kstat + buf * BLOCK_N + tl.arange(0, BLOCK_N), cache_modifier=".cg") * qk_scale
+
+
+@triton.jit
 def _proxy_fence_global():
     """``fence.proxy.async.global``: order this thread's generic-proxy global accesses with the async proxy's (TMA)."""
     tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
@@ -723,9 +733,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                         s_scale = qk_scale / tl.sqrt(ss / HEAD_DIM + eps)
                     qk = tlx.async_dot_wait(0, qk)
                     if K_RSTD_PRODUCER:  # this tile's rstd_k, read before the K buffer (and its block) is released
-                        tlx.barrier_wait(kstat_fulls[buf], (cnt // NUM_BUFFERS) & 1)
-                        col_scale = tl.load(kstat + buf * BLOCK_N + tl.arange(0, BLOCK_N),
-                                            cache_modifier=".cg") * qk_scale
+                        col_scale = _k_rstd_from_scratch(kstat_fulls, kstat, cnt, qk_scale, NUM_BUFFERS, BLOCK_N)
                     tlx.barrier_arrive(k_empties[buf], 1)
                     if LAZY_Q:  # inline: s_scale carries the pinned row layout, which a jit call cannot take
                         qk = _mask_tile(qk, offs_m, offs_n, 0, row0, S, BLOCK_N, CAUSAL)
@@ -758,9 +766,7 @@ def _fna_llm_ws_kernel(Q, K, V, O, QW, KW, OW, RSTD_K, S, HQ, GROUP, eps, qk_sca
                             col_scale = tl.load(rstd_base + offs_n, mask=offs_n < S, other=0.0) * qk_scale
                         qk = tlx.async_dot_wait(1, qk)  # this tile's QKᵀ done; the previous PV may still run
                         if K_RSTD_PRODUCER:
-                            tlx.barrier_wait(kstat_fulls[buf], phase)
-                            col_scale = tl.load(kstat + buf * BLOCK_N + tl.arange(0, BLOCK_N),
-                                                cache_modifier=".cg") * qk_scale
+                            col_scale = _k_rstd_from_scratch(kstat_fulls, kstat, cnt, qk_scale, NUM_BUFFERS, BLOCK_N)
                         tlx.barrier_arrive(k_empties[buf], 1)
                         if LAZY_Q:  # _softmax_tile with the per-row scale, inline (see the first tile)
                             qk = _mask_tile(qk, offs_m, offs_n, start_n, row0, S, BLOCK_N, CAUSAL)

@@ -17,6 +17,16 @@ def run(impl, inp, causal, cfg, eps=1e-6):
     return K.attention(inp["q"], inp["k"], inp["v"], causal=causal, config=cfg)
 
 
+def capture(fn):
+    """``(graph, out)``: ``fn`` run once (compiled, and any lazily made state allocated, outside the capture), then
+    captured in a CUDA graph whose replays rewrite ``out``."""
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def check_config(cfg, S, B, Hq, Hkv, D, causal, o_norm=False, seed=0) -> list[str]:
     """Failure descriptions (empty when both ops match) for ``cfg`` at S, B, Hq query / Hkv key-value heads of
     head_dim D, bf16, eps 1e-6, with the output RMSNorm when ``o_norm``."""

@@ -50,7 +50,7 @@ if not torch.cuda.is_available():  # process-wide fake driver: only where no GPU
 
 from kernels_tlx import fna_llm as K  # noqa: E402
 from normfuse.techniques import fna_llm as T  # noqa: E402
-from fna_llm_gpu import check_config, check_int64, check_odd_shapes, run  # noqa: E402  (tests/tlx/fna_llm_gpu.py)
+from fna_llm_gpu import capture, check_config, check_int64, check_odd_shapes, run  # noqa: E402  (tests/tlx/)
 
 import fna_llm_compile as C  # noqa: E402  (tests/tlx/fna_llm_compile.py)
 
@@ -396,12 +396,7 @@ def test_grid_configs_gpu(name):
         torch.cuda.synchronize()
         assert sync.tolist() == [0, gen + 1], (sync.tolist(), gen)
         assert torch.equal(got, run("fused", inp, causal, twin))
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            run("fused", inp, causal, cfg)  # warm on this stream before the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                out = run("fused", inp, causal, cfg)
+        graph, out = capture(lambda: run("fused", inp, causal, cfg))
         gen = sync[1].item()
         for i in range(3):
             new = T.make_inputs(2048, 2, 32, dtype="bf16", device="cuda", kv_heads=8, head_dim=128, seed=20 + i)
@@ -451,10 +446,7 @@ def test_pdl_configs_gpu(name):
     assert not bad, "\n".join(bad)
     for causal in (True, False):
         assert torch.equal(run("fused", inp, causal, cfg), want[causal])
-        g = torch.cuda.CUDAGraph()
-        run("fused", inp, causal, cfg)  # compiled before capture
-        with torch.cuda.graph(g):
-            out = run("fused", inp, causal, cfg)
+        g, out = capture(lambda: run("fused", inp, causal, cfg))
         for _ in range(3):
             out.zero_()
             g.replay()
